@@ -1,0 +1,39 @@
+"""`grpo`: a thin dispatcher. Subcommands are `grpo.commands` entry points registered by each
+package; a subcommand's package is imported only when it runs (so `grpo validate` stays fast)."""
+
+from __future__ import annotations
+
+import sys
+from importlib.metadata import entry_points
+
+from grpo_api import __version__
+
+
+def _commands() -> dict:
+    return {ep.name: ep for ep in entry_points(group="grpo.commands")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = _commands()
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(f"grpo {__version__}: Kubernetes-native GRPO post-training\n\nusage: grpo COMMAND [ARGS]\n\ncommands:")
+        for name in sorted(commands):
+            print(f"  {name}")
+        print("\nRun `grpo COMMAND --help` for a command's options.")
+        return 0
+    if argv[0] == "--version":
+        print(__version__)
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in commands:
+        import difflib
+        close = difflib.get_close_matches(name, commands, n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        print(f"grpo: unknown command '{name}'.{hint} Run `grpo --help`.", file=sys.stderr)
+        return 2
+    return int(commands[name].load()(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Generate the GRPOJob CustomResourceDefinition from the pydantic models.
+
+Kubernetes wants a structural schema: no `$ref`, no `anyOf` with null, `nullable` instead, no
+`title`. Cross-field rules become CEL `x-kubernetes-validations`, so the API server refuses what
+`grpo validate` refuses. `crds/grpojob.yaml` is this module's output; a test fails on drift.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from grpo_api.spec import (API_GROUP, API_VERSION, CROSS_FIELD_RULES, KIND, MUTABLE_SPEC_FIELDS,
+                           PLURAL, GRPOJobSpec, GRPOJobStatus)
+
+# Fields whose content is free-form Kubernetes (partial pod templates).
+_PRESERVE_UNKNOWN = {"template"}
+
+
+def _structural(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_structural(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = copy.deepcopy(defs[node["$ref"].rsplit("/", 1)[-1]])
+        extra = {k: v for k, v in node.items() if k != "$ref"}
+        return _structural({**target, **extra}, defs)
+    if "anyOf" in node:
+        options = [o for o in node["anyOf"] if o.get("type") != "null"]
+        nullable = len(options) < len(node["anyOf"])
+        rest = {k: v for k, v in node.items() if k != "anyOf"}
+        if len(options) == 1:
+            merged = {**_structural(options[0], defs), **_structural(rest, defs)}
+            if nullable:
+                merged["nullable"] = True
+            return merged
+    out = {}
+    for key, value in node.items():
+        if key in ("title", "$defs"):
+            continue
+        if key == "const":  # structural schemas have no const: an enum of one value
+            out["enum"] = [value]
+            continue
+        if key == "properties":
+            out[key] = {name: (_free_form(sub) if name in _PRESERVE_UNKNOWN else _structural(sub, defs))
+                        for name, sub in value.items()}
+            continue
+        out[key] = _structural(value, defs)
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    if out.get("default") is None and "default" in out:
+        del out["default"]
+    return out
+
+
+def _free_form(sub: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+            "description": sub.get("description", ""), "nullable": True}
+
+
+def _schema(model: type) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    return _structural(raw, raw.get("$defs", {}))
+
+
+def spec_schema() -> dict[str, Any]:
+    schema = _schema(GRPOJobSpec)
+    # Sections default to {} so the API server fills in their defaults before CEL runs.
+    for name, prop in schema["properties"].items():
+        if prop.get("type") == "object" and name not in schema.get("required", []):
+            prop["default"] = {}
+        if name not in MUTABLE_SPEC_FIELDS and prop.get("type") == "object":
+            prop.setdefault("x-kubernetes-validations", []).append(
+                {"rule": "self == oldSelf",
+                 "message": f"spec.{name} can't change while the job exists "
+                            f"(only {', '.join('spec.' + f for f in MUTABLE_SPEC_FIELDS)} can)"})
+    schema["x-kubernetes-validations"] = [
+        {"rule": r.cel, "message": r.message, "fieldPath": "." + r.field} for r in CROSS_FIELD_RULES]
+    return schema
+
+
+def build_crd() -> dict[str, Any]:
+    status = _schema(GRPOJobStatus)
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{API_GROUP}"},
+        "spec": {
+            "group": API_GROUP,
+            "names": {"kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL,
+                      "singular": "grpojob", "shortNames": ["gj"], "categories": ["all"]},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": API_VERSION,
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": [
+                    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+                    {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
+                    {"name": "Total", "type": "integer", "jsonPath": ".status.progress.totalSteps"},
+                    {"name": "Reward", "type": "number", "jsonPath": ".status.progress.rewardMean"},
+                    {"name": "Val", "type": "number", "jsonPath": ".status.progress.validationScore",
+                     "description": "Last validation score"},
+                    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                ],
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "description": "GRPOJob: one RL post-training run (GRPO and relatives) of an LLM.",
+                    "required": ["spec"],
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "metadata": {"type": "object"},
+                        "spec": {**spec_schema(), "description": "The training recipe (verl-style)."},
+                        "status": {**status, "description": "Observed state, owned by the operator."},
+                    },
+                }},
+            }],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    return "# Generated by `grpo crd` from grpo_api.spec; do not edit.\n" + yaml.safe_dump(
+        build_crd(), sort_keys=False, width=100)

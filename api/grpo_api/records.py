@@ -1,0 +1,80 @@
+"""Arrow schemas of what crosses object storage, and the run directory layout (DESIGN.md §5).
+
+A prompt shard is written by trainer rank 0 for one rollout request; a rollout shard, one row
+per sample, is written by the rollout server that served it. Readers trust only what a manifest
+or a Generate reply names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+PROMPT_SCHEMA = pa.schema([
+    ("uid", pa.string()),               # stable id of the prompt: "<epoch>-<dataset index>"
+    ("prompt_index", pa.int64()),       # position in the step's batch
+    ("prompt_ids", pa.list_(pa.int32())),
+    ("data_source", pa.string()),
+    ("ground_truth", pa.string()),
+    ("extra_info", pa.string()),        # JSON
+])
+
+ROLLOUT_SCHEMA = pa.schema([
+    ("uid", pa.string()),
+    ("prompt_index", pa.int64()),
+    ("sample_index", pa.int32()),
+    ("prompt_ids", pa.list_(pa.int32())),
+    ("response_ids", pa.list_(pa.int32())),
+    ("response_logprobs", pa.list_(pa.float32())),  # behaviour policy, one per response token
+    ("reward", pa.float32()),
+    ("reward_extra", pa.string()),      # JSON: the reward function's extra fields, errors
+    ("finish_reason", pa.string()),     # "stop" (EOS/stop string) or "length"
+    ("policy_version", pa.int64()),
+    ("data_source", pa.string()),
+    ("ground_truth", pa.string()),
+    ("worker", pa.string()),
+])
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Where a job's files live under its root URI (`<storage.uri>/<namespace>/<job>` on
+    Kubernetes, `file://<abs>/outputs/<project>/<experiment>` locally)."""
+
+    root: str
+
+    def _join(self, *parts: str) -> str:
+        return "/".join([self.root.rstrip("/"), *parts])
+
+    def prompt_shard(self, step: int, shard: str) -> str:
+        return self._join("prompts", f"step-{step}", f"{shard}.parquet")
+
+    def rollout_shard(self, step: int, shard: str) -> str:
+        return self._join("rollouts", f"step-{step}", f"{shard}.parquet")
+
+    def step_dir(self, kind: str, step: int) -> str:
+        """`prompts`, `rollouts`, `checkpoints` or `hf` folder of one step."""
+        return self._join(kind, f"step-{step}")
+
+    @property
+    def checkpoints(self) -> str:
+        return self._join("checkpoints")
+
+    def checkpoint(self, step: int) -> str:
+        return self.step_dir("checkpoints", step)
+
+    def hf_export(self, step: int) -> str:
+        return self.step_dir("hf", step)
+
+    @property
+    def progress(self) -> str:
+        return self._join("progress.json")
+
+    @property
+    def metrics(self) -> str:
+        return self._join("metrics.jsonl")
+
+    @property
+    def tensorboard(self) -> str:
+        return self._join("tensorboard")

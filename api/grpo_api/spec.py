@@ -1,0 +1,476 @@
+"""The GRPOJob API (grpo.dev/v1alpha1): the single source of truth for every part.
+
+The CRD schema is generated from these models (`grpo_api.crd`), the operator and `grpo validate`
+validate with them, the trainer and rollout pods read them. Field docstrings become the schema
+descriptions that `kubectl explain` shows. Defaults follow verl where verl has one, and live only
+here. Cross-field rules are declared once in `CROSS_FIELD_RULES` with both a Python check and the
+CEL expression the API server evaluates, so `grpo validate` and `kubectl apply` agree.
+
+No torch import here: `grpo validate` and the operator must start fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+from pydantic.alias_generators import to_camel
+
+API_GROUP = "grpo.dev"
+API_VERSION = "v1alpha1"
+KIND = "GRPOJob"
+PLURAL = "grpojobs"
+
+# verl's group-based estimators compare samples of one prompt: they need n >= 2.
+GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opo")
+MAX_TOTAL_LENGTH = 131072
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=True,
+        validate_default=True,
+    )
+
+
+class DType(str, Enum):
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    float32 = "float32"
+
+
+class ModelSpec(_Model):
+    path: str = Field(min_length=1)
+    """Hugging Face model id or local/object-storage path of the policy (verl: actor_rollout_ref.model.path)."""
+    tokenizer_path: str | None = None
+    """Tokenizer location when it differs from `path`."""
+    dtype: DType = DType.bfloat16
+    """Parameter dtype for training compute and rollout (float32 master weights are kept by FSDP2 mixed precision on GPU)."""
+    gradient_checkpointing: bool = True
+    """Recompute activations in the backward pass to save memory (verl: enable_gradient_checkpointing)."""
+    trust_remote_code: bool = False
+    """Allow model code from the model repository (verl: trust_remote_code)."""
+
+
+class DataSpec(_Model):
+    train_files: list[str] = Field(min_length=1)
+    """Training parquet files in verl's layout (prompt, data_source, reward_model.ground_truth, extra_info)."""
+    val_files: list[str] = []
+    """Validation parquet files; validation is skipped when empty."""
+    prompt_key: str = Field(default="prompt", min_length=1)
+    """Column holding the chat messages (verl: data.prompt_key)."""
+    train_batch_size: int = Field(default=1024, ge=1)
+    """Prompts per training step (verl: data.train_batch_size)."""
+    val_batch_size: int | None = Field(default=None, ge=1)
+    """Prompts per validation request; null sends the whole validation set at once."""
+    max_prompt_length: int = Field(default=512, ge=1)
+    """Longest prompt in tokens after the chat template (verl: data.max_prompt_length)."""
+    max_response_length: int = Field(default=512, ge=1)
+    """Most tokens generated per response (verl: data.max_response_length)."""
+    filter_overlong_prompts: bool = False
+    """Drop prompts longer than maxPromptLength before training (verl: data.filter_overlong_prompts)."""
+    truncation: Literal["error", "left", "right"] = "error"
+    """What to do with a prompt longer than maxPromptLength that was not filtered: stop with the row named, or keep its left/right part."""
+    shuffle: bool = True
+    """Shuffle the training set every epoch (seeded)."""
+    seed: int = 1
+    """Seed of the epoch-aware sampler (verl: data.seed)."""
+
+
+class AdvEstimator(str, Enum):
+    grpo = "grpo"
+    rloo = "rloo"
+    reinforce_plus_plus = "reinforce_plus_plus"
+    reinforce_plus_plus_baseline = "reinforce_plus_plus_baseline"
+    opo = "opo"
+
+
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+KLType = Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl",
+                 "k1+", "kl+", "abs+", "k2+", "mse+", "k3+", "low_var_kl+"]
+
+
+class AlgorithmSpec(_Model):
+    adv_estimator: AdvEstimator = AdvEstimator.grpo
+    """Advantage estimator (verl: algorithm.adv_estimator)."""
+    norm_adv_by_std: bool = True
+    """Divide GRPO advantages by the group's std; false gives Dr.GRPO (verl: algorithm.norm_adv_by_std_in_grpo)."""
+    gamma: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Discount for REINFORCE++ returns (verl: algorithm.gamma)."""
+    loss_agg_mode: LossAggMode = "token-mean"
+    """How token losses are averaged (verl: actor.loss_agg_mode); seq-mean-token-sum-norm is Dr.GRPO's."""
+    loss_scale_factor: int | None = Field(default=None, ge=1)
+    """Divisor for seq-mean-token-sum-norm; null means maxResponseLength (verl: actor.loss_scale_factor)."""
+    policy_loss: Literal["vanilla", "gspo"] = "vanilla"
+    """Policy loss: dual-clip PPO (vanilla) or sequence-level GSPO (verl: actor.policy_loss.loss_mode)."""
+    use_kl_loss: bool = Field(default=False, alias="useKLLoss")
+    """Add a KL(policy || reference) term to the loss instead of the reward (verl: actor.use_kl_loss)."""
+    kl_loss_coef: float = Field(default=0.001, ge=0.0)
+    """Weight of the KL loss (verl: actor.kl_loss_coef)."""
+    kl_loss_type: KLType = Field(default="low_var_kl", alias="klLossType")
+    """KL estimator: k1, k2 (mse), k3 (low_var_kl), abs; a '+' suffix uses k2's gradient (verl: actor.kl_loss_type)."""
+    clip_ratio_low: float = Field(default=0.2, ge=0.0, lt=1.0)
+    """Lower PPO clip epsilon (verl: actor.clip_ratio_low)."""
+    clip_ratio_high: float = Field(default=0.2, ge=0.0)
+    """Upper PPO clip epsilon; 0.28 is DAPO's clip-higher (verl: actor.clip_ratio_high)."""
+    clip_ratio_c: float = Field(default=3.0, gt=1.0)
+    """Dual-clip bound for negative advantages (verl: actor.clip_ratio_c)."""
+    entropy_coeff: float = 0.0
+    """Entropy bonus weight (verl: actor.entropy_coeff)."""
+    filter_groups: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards are all equal (verl: algorithm.filter_groups.enable)."""
+
+
+class OverlongBuffer(_Model):
+    enable: bool = False
+    """DAPO overlong reward shaping (verl: reward_model.overlong_buffer.enable)."""
+    len: int = Field(default=0, ge=0)
+    """Last tokens before maxResponseLength in which the penalty grows linearly."""
+    penalty_factor: float = Field(default=1.0, ge=0.0)
+    """Penalty at maxResponseLength."""
+
+
+class RewardSpec(_Model):
+    function: str = Field(default="auto", min_length=1)
+    """'auto' dispatches by data_source (openai/gsm8k, math datasets); or 'module:function', or 'path/to/file.py:function' (verl's custom_reward_function contract)."""
+    timeout_seconds: float = Field(default=10.0, gt=0)
+    """Per-call limit; a reward function that takes longer scores 0 and is counted."""
+    workers: int = Field(default=4, ge=1)
+    """Reward worker processes per rollout server."""
+    overlong_buffer: OverlongBuffer = OverlongBuffer()
+    """DAPO overlong shaping."""
+
+
+class RolloutSpec(_Model):
+    engine: Literal["vllm", "hf"] = "vllm"
+    """Generation engine: vllm (GPU, production) or hf (transformers; CPU, dev, tests) (verl: rollout.name)."""
+    n: int = Field(default=5, ge=1)
+    """Samples per prompt, the GRPO group size (verl: rollout.n)."""
+    replicas: int = Field(default=1, ge=0)
+    """Rollout servers; may change while the job runs."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """GPUs per rollout server (verl: rollout.tensor_model_parallel_size)."""
+    gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0)
+    """Fraction of GPU memory vLLM may use (verl: rollout.gpu_memory_utilization)."""
+    temperature: float = Field(default=1.0, ge=0.0)
+    """Sampling temperature for training rollouts; 0 is greedy."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling (verl: rollout.top_p)."""
+    top_k: int = Field(default=-1, ge=-1)
+    """Top-k sampling; -1 disables it (verl: rollout.top_k)."""
+    val_temperature: float = Field(default=0.0, ge=0.0)
+    """Temperature for validation (greedy by default, n=1)."""
+    max_num_batched_tokens: int = Field(default=8192, ge=1)
+    """vLLM scheduler token budget (verl: rollout.max_num_batched_tokens)."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs in vLLM (verl: rollout.enforce_eager)."""
+    max_staleness: int = Field(default=0, ge=0)
+    """Policy versions a rollout may lag behind training (0 = fully synchronous)."""
+    request_timeout_seconds: float = Field(default=900.0, gt=0)
+    """A Generate call that takes longer is abandoned and its shard re-dispatched."""
+    seed: int = 0
+    """Sampling seed; each worker and step derives its own from it."""
+    template: dict[str, Any] | None = None
+    """Partial pod template merged into the rollout pods (nodeSelector, tolerations, volumes, env...)."""
+
+
+class TrainerSpec(_Model):
+    project_name: str = Field(default="grpo", min_length=1)
+    """Project, the first part of the local run directory (verl: trainer.project_name)."""
+    experiment_name: str = Field(default="run", min_length=1)
+    """Experiment, the second part of the local run directory (verl: trainer.experiment_name)."""
+    nnodes: int = Field(default=1, ge=1)
+    """Trainer nodes (pods) (verl: trainer.nnodes)."""
+    nproc_per_node: int = Field(default=1, ge=1, alias="nprocPerNode")
+    """Trainer processes (GPUs) per node (verl: trainer.n_gpus_per_node)."""
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    """Training device; auto picks cuda when available."""
+    mini_batch_size: int = Field(default=256, ge=1)
+    """Prompts per optimizer step (verl: actor.ppo_mini_batch_size)."""
+    micro_batch_size_per_gpu: int = Field(default=8, ge=1, alias="microBatchSizePerGPU")
+    """Responses per forward/backward on one GPU (verl: actor.ppo_micro_batch_size_per_gpu)."""
+    max_tokens_per_gpu: int | None = Field(default=None, ge=1, alias="maxTokensPerGPU")
+    """Token budget per micro-batch: when set, micro-batches are formed by tokens, not count (verl: ppo_max_token_len_per_gpu with use_dynamic_bsz)."""
+    ppo_epochs: int = Field(default=1, ge=1)
+    """Passes over each rollout batch (verl: actor.ppo_epochs)."""
+    lr: float = Field(default=1e-6, gt=0.0)
+    """Learning rate (verl: actor.optim.lr)."""
+    lr_warmup_steps: int = Field(default=0, ge=0)
+    """Linear warmup steps (verl: actor.optim.lr_warmup_steps)."""
+    lr_scheduler: Literal["constant", "cosine"] = "constant"
+    """Schedule after warmup (verl: actor.optim.warmup_style)."""
+    weight_decay: float = Field(default=0.01, ge=0.0)
+    """AdamW weight decay (verl: actor.optim.weight_decay)."""
+    grad_clip: float = Field(default=1.0, gt=0.0)
+    """Max gradient norm (verl: actor.grad_clip)."""
+    total_epochs: int = Field(default=1, ge=1)
+    """Passes over the training set (verl: trainer.total_epochs)."""
+    total_steps: int | None = Field(default=None, ge=1)
+    """Overrides totalEpochs when set (verl: trainer.total_training_steps)."""
+    test_freq: int = Field(default=-1, ge=-1)
+    """Validate every N steps (and at the end); -1 never (verl: trainer.test_freq)."""
+    val_before_train: bool = True
+    """Validate once before the first step (verl: trainer.val_before_train)."""
+    save_freq: int = Field(default=-1, ge=-1)
+    """Checkpoint every N steps (and at the end); -1 only at the end (verl: trainer.save_freq)."""
+    keep_checkpoints: int | None = Field(default=2, ge=1)
+    """Complete checkpoints kept; older ones are deleted; null keeps all (verl: max_actor_ckpt_to_keep)."""
+    ref_cpu_offload: bool = False
+    """Keep the frozen reference model's shards in CPU memory (verl: ref.fsdp_config.param_offload)."""
+    loggers: list[Literal["console", "jsonl", "tensorboard", "prometheus"]] = ["console", "jsonl"]
+    """Where metrics go (verl: trainer.logger)."""
+    seed: int = 42
+    """Seed for model init-free randomness (dropout, sampling order is data.seed)."""
+    template: dict[str, Any] | None = None
+    """Partial pod template merged into the trainer pods (nodeSelector, tolerations, volumes, env...)."""
+
+
+class StorageSpec(_Model):
+    uri: str | None = Field(default=None, pattern=r"^(file|s3)://.+")
+    """Where prompts, rollouts, checkpoints and progress go (file:// or s3://); the job's files live under <uri>/<namespace>/<job>/. Local default: file://./outputs/<project>/<experiment>."""
+    endpoint: str | None = Field(default=None, pattern=r"^https?://.+")
+    """S3-compatible endpoint URL (leave empty for AWS)."""
+    region: str | None = None
+    """S3 region."""
+    secret_ref: str | None = None
+    """Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY; never put credentials in the spec."""
+
+
+class WeightSyncSpec(_Model):
+    backend: Literal["nccl", "grpc"] = "nccl"
+    """nccl: a collective from trainer rank 0 to the rollout servers (gloo on CPU); grpc: streamed chunks, works anywhere."""
+    bucket_size_mb: int = Field(default=512, ge=1, le=4096)
+    """Bytes per bucket: bounds the memory a weight update needs on both sides."""
+    timeout_seconds: float = Field(default=600.0, gt=0)
+    """A weight update that takes longer fails; the worker is re-synced before it generates again."""
+
+
+class RunPolicy(_Model):
+    backoff_limit: int = Field(default=3, ge=0)
+    """Trainer restarts before the job is Failed."""
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    """Delete the job this long after it finished."""
+    active_deadline_seconds: int | None = Field(default=None, ge=1)
+    """Fail the job when it has been running this long."""
+    pending_deadline_seconds: int | None = Field(default=900, ge=1)
+    """Fail the job when its pods stay Pending (unschedulable, image pull errors) this long."""
+    suspend: bool = False
+    """Remove the pods after a checkpoint; false resumes from it."""
+
+
+class GRPOJobSpec(_Model):
+    model: ModelSpec
+    """The policy model."""
+    data: DataSpec
+    """Datasets and lengths."""
+    algorithm: AlgorithmSpec = AlgorithmSpec()
+    """Advantage estimator and loss."""
+    reward: RewardSpec = RewardSpec()
+    """Reward function."""
+    rollout: RolloutSpec = RolloutSpec()
+    """Generation servers and sampling."""
+    trainer: TrainerSpec = TrainerSpec()
+    """The learner."""
+    storage: StorageSpec = StorageSpec()
+    """Object storage for exchange and checkpoints."""
+    weight_sync: WeightSyncSpec = WeightSyncSpec()
+    """How new weights reach the rollout servers."""
+    resume: str = Field(default="auto", pattern=r"^(auto|never|(file|s3)://.+)$")
+    """auto: latest complete checkpoint; never; or a checkpoint URI."""
+    run_policy: RunPolicy = RunPolicy()
+    """Restarts, deadlines, suspension."""
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> "GRPOJobSpec":
+        # Every violated rule is reported at once; `grpo_api.errors` splits them back into
+        # one entry per field.
+        errors = [e for rule in CROSS_FIELD_RULES if (e := rule.check(self))]
+        if errors:
+            raise PydanticCustomError("cross_field", "{errors}", {"errors": errors})
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.trainer.nnodes * self.trainer.nproc_per_node
+
+    @property
+    def total_length(self) -> int:
+        return self.data.max_prompt_length + self.data.max_response_length
+
+
+class Phase(str, Enum):
+    Pending = "Pending"
+    Running = "Running"
+    Restarting = "Restarting"
+    Suspended = "Suspended"
+    Succeeded = "Succeeded"
+    Failed = "Failed"
+
+
+class Condition(_Model):
+    type: str
+    """Condition type, e.g. Created, Running, Suspended, Succeeded, Failed, Invalid."""
+    status: Literal["True", "False", "Unknown"]
+    """Whether the condition holds."""
+    reason: str = ""
+    """CamelCase machine-readable reason."""
+    message: str = ""
+    """Human-readable detail."""
+    last_transition_time: str | None = None
+    """When status last changed (RFC 3339)."""
+
+
+class Progress(_Model):
+    step: int = 0
+    """Completed training steps."""
+    total_steps: int | None = None
+    """Steps the run will make."""
+    epoch: int = 0
+    """Current epoch."""
+    policy_version: int = 0
+    """Version of the weights the rollout servers hold."""
+    reward_mean: float | None = None
+    """Mean reward of the last step."""
+    validation_score: float | None = None
+    """Last validation accuracy (mean reward, greedy)."""
+    last_checkpoint: str | None = None
+    """URI of the latest complete checkpoint."""
+
+
+class GRPOJobStatus(_Model):
+    phase: Phase = Phase.Pending
+    """Pending, Running, Restarting, Suspended, Succeeded or Failed."""
+    conditions: list[Condition] = []
+    """Latest observations of the job's state."""
+    progress: Progress | None = None
+    """Training progress from the trainer's progress.json."""
+    restarts: int = 0
+    """Trainer restarts so far."""
+    start_time: str | None = None
+    """When the trainer first started."""
+    completion_time: str | None = None
+    """When the job finished."""
+    observed_generation: int | None = None
+    """The spec generation the status describes."""
+
+
+class ObjectMeta(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(default="grpojob", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=50)
+    namespace: str = "default"
+
+
+class GRPOJob(_Model):
+    api_version: Literal["grpo.dev/v1alpha1"] = "grpo.dev/v1alpha1"
+    kind: Literal["GRPOJob"] = "GRPOJob"
+    metadata: ObjectMeta = ObjectMeta()
+    spec: GRPOJobSpec
+    status: GRPOJobStatus | None = None
+
+
+# --- cross-field rules: one Python check and one CEL expression each -------------------------
+
+@dataclass(frozen=True)
+class CrossFieldRule:
+    """A rule over several fields. `cel` runs in the API server on `spec` (with defaults applied);
+    `python` returns an error message or None. `field` is the path named in both errors."""
+
+    field: str
+    cel: str
+    message: str
+    python: Callable[[GRPOJobSpec], str | None]
+
+    def check(self, spec: GRPOJobSpec) -> str | None:
+        detail = self.python(spec)
+        return f"spec.{self.field}: {detail}" if detail else None
+
+
+def _group_needs_n(s: GRPOJobSpec) -> str | None:
+    if s.algorithm.adv_estimator.value in GROUP_ESTIMATORS and s.rollout.n < 2:
+        return f"must be >= 2 for advEstimator {s.algorithm.adv_estimator.value} (got {s.rollout.n})"
+    return None
+
+
+def _mini_divides_batch(s: GRPOJobSpec) -> str | None:
+    if s.data.train_batch_size % s.trainer.mini_batch_size:
+        return (f"must divide data.trainBatchSize (got miniBatchSize {s.trainer.mini_batch_size}, "
+                f"trainBatchSize {s.data.train_batch_size})")
+    return None
+
+
+def _mini_splits_over_ranks(s: GRPOJobSpec) -> str | None:
+    responses = s.trainer.mini_batch_size * s.rollout.n
+    if responses % s.world_size:
+        return (f"miniBatchSize x rollout.n ({responses} responses) must split evenly over "
+                f"nnodes x nprocPerNode ({s.world_size}) trainer processes")
+    return None
+
+
+def _micro_fits_mini(s: GRPOJobSpec) -> str | None:
+    per_rank = s.trainer.mini_batch_size * s.rollout.n // s.world_size
+    if s.trainer.micro_batch_size_per_gpu > max(per_rank, 1):
+        return (f"must be <= the mini-batch's responses per GPU, miniBatchSize x rollout.n / "
+                f"(nnodes x nprocPerNode) = {per_rank} (got {s.trainer.micro_batch_size_per_gpu})")
+    return None
+
+
+def _lengths_bounded(s: GRPOJobSpec) -> str | None:
+    if s.total_length > MAX_TOTAL_LENGTH:
+        return f"maxPromptLength + maxResponseLength must be <= {MAX_TOTAL_LENGTH} (got {s.total_length})"
+    return None
+
+
+def _budget_fits_sequence(s: GRPOJobSpec) -> str | None:
+    budget = s.trainer.max_tokens_per_gpu
+    if budget is not None and budget < s.total_length:
+        return (f"must be >= maxPromptLength + maxResponseLength ({s.total_length}) so one "
+                f"sequence fits a micro-batch (got {budget})")
+    return None
+
+
+_GROUP_LIST = "[" + ", ".join(f"'{e}'" for e in GROUP_ESTIMATORS) + "]"
+
+CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
+    CrossFieldRule(
+        "rollout.n",
+        f"!(self.algorithm.advEstimator in {_GROUP_LIST}) || self.rollout.n >= 2",
+        "rollout.n must be >= 2 for group estimators (grpo, rloo, reinforce_plus_plus_baseline, opo)",
+        _group_needs_n),
+    CrossFieldRule(
+        "trainer.miniBatchSize",
+        "self.data.trainBatchSize % self.trainer.miniBatchSize == 0",
+        "trainer.miniBatchSize must divide data.trainBatchSize",
+        _mini_divides_batch),
+    CrossFieldRule(
+        "trainer.nprocPerNode",
+        "(self.trainer.miniBatchSize * self.rollout.n) % (self.trainer.nnodes * self.trainer.nprocPerNode) == 0",
+        "trainer.miniBatchSize x rollout.n must split evenly over nnodes x nprocPerNode",
+        _mini_splits_over_ranks),
+    CrossFieldRule(
+        "trainer.microBatchSizePerGPU",
+        "self.trainer.microBatchSizePerGPU == 1 || self.trainer.microBatchSizePerGPU * "
+        "self.trainer.nnodes * self.trainer.nprocPerNode <= self.trainer.miniBatchSize * self.rollout.n",
+        "trainer.microBatchSizePerGPU must be <= miniBatchSize x rollout.n / (nnodes x nprocPerNode)",
+        _micro_fits_mini),
+    CrossFieldRule(
+        "data.maxResponseLength",
+        f"self.data.maxPromptLength + self.data.maxResponseLength <= {MAX_TOTAL_LENGTH}",
+        f"data.maxPromptLength + data.maxResponseLength must be <= {MAX_TOTAL_LENGTH}",
+        _lengths_bounded),
+    CrossFieldRule(
+        "trainer.maxTokensPerGPU",
+        "!has(self.trainer.maxTokensPerGPU) || "
+        "self.trainer.maxTokensPerGPU >= self.data.maxPromptLength + self.data.maxResponseLength",
+        "trainer.maxTokensPerGPU must be >= data.maxPromptLength + data.maxResponseLength",
+        _budget_fits_sequence),
+)
+
+# Fields a running job may change; the CRD refuses changes to the rest (CEL transition rules).
+MUTABLE_SPEC_FIELDS = ("rollout", "runPolicy")

@@ -1,0 +1,77 @@
+"""The quickstart task: "copy the digit", scored by the real GSM8K rule.
+
+Each prompt states one digit; the right answer is that digit after GSM8K's `####` marker
+(`#### 7`). Rows use `data_source = "openai/gsm8k"`, so `reward.function: auto` scores them
+with verl's strict GSM8K rule: 1.0 for the right number after the last `#### `, the format
+score for a well-formed but wrong `#### d`, else 0. The quickstart uses format_score 0.1:
+a random-init policy almost never writes the right digit after `####`, and the small
+reward for the format alone gives GRPO a signal from step one (verl's default is 0.0).
+
+The task is solvable from the prompt alone (attend to the one digit in the prompt and copy
+it), starts near chance, and a ~75k-parameter model learns it in tens of GRPO steps on CPU
+(bench/quickstart_learnability.py, bench/RESULTS.md).
+
+Files follow verl's parquet layout exactly (as verl's examples/data_preprocess/gsm8k.py
+writes them): data_source, prompt (chat messages), ability, reward_model {style,
+ground_truth}, extra_info {split, index, answer, question}.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+DATA_SOURCE = "openai/gsm8k"
+FORMAT_SCORE = 0.1  # the quickstart job's reward format score (see the module docstring)
+
+# A few phrasings with the digit in different places, so the policy must find the digit by
+# content rather than by position. Every word is in grpo_rollout.tiny's vocabulary.
+PROMPT_TEMPLATES = [
+    "copy the digit {d} then answer #### and the digit",
+    "the digit is {d} answer with #### then the digit",
+    "answer #### and the digit {d}",
+    "{d} is the digit copy the digit then answer with ####",
+]
+
+
+def make_rows(n: int, split: str, seed: int) -> list[dict]:
+    rng = random.Random(f"{seed}-{split}")
+    rows = []
+    for i in range(n):
+        d = rng.randrange(10)
+        question = rng.choice(PROMPT_TEMPLATES).format(d=d)
+        rows.append({
+            "data_source": DATA_SOURCE,
+            "prompt": [{"role": "user", "content": question}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(d)},
+            "extra_info": {"split": split, "index": i, "answer": f"#### {d}", "question": question},
+        })
+    return rows
+
+
+def write_quickstart_dataset(out_dir: str | Path, n_train: int = 2048, n_val: int = 64,
+                             seed: int = 0) -> tuple[Path, Path]:
+    """Write `train.parquet` and `test.parquet` under `out_dir`; return their paths."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # Explicit schema, field for field as verl's preprocessing writes it (struct fields in its
+    # dict order), so a verl user's reader sees the same types.
+    schema = pa.schema([
+        ("data_source", pa.string()),
+        ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+        ("ability", pa.string()),
+        ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+        ("extra_info", pa.struct([("split", pa.string()), ("index", pa.int64()),
+                                  ("answer", pa.string()), ("question", pa.string())])),
+    ])
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, split, n in (("train.parquet", "train", n_train), ("test.parquet", "test", n_val)):
+        table = pa.Table.from_pylist(make_rows(n, split, seed), schema=schema)
+        path = out / name
+        pq.write_table(table, path)
+        paths.append(path)
+    return paths[0], paths[1]

@@ -1,0 +1,1 @@
+# A package so that its modules (cluster, conftest, tests) don't clash by basename with others.

@@ -1,0 +1,10 @@
+//go:build tools
+
+// Package tools pins the commands built from this module, so `go mod tidy`
+// keeps their dependencies in go.mod/go.sum.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+)

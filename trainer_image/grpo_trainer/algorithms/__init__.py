@@ -1,0 +1,58 @@
+"""The algorithm core: advantages, policy losses, KL estimators, loss aggregation, logprobs. Pure torch.
+
+Names and formulas follow verl's ``verl/trainer/ppo/core_algos.py``, one concept per module:
+
+- ``advantages``: ``compute_advantages`` and the estimators grpo, rloo, reinforce_plus_plus,
+  reinforce_plus_plus_baseline, opo (``ADV_ESTIMATORS`` registry).
+- ``losses``: ``policy_loss`` with vanilla (dual-clip PPO, clip-higher) and gspo (``POLICY_LOSSES``).
+- ``aggregation``: ``aggregate_loss`` and ``LossNormalizer`` (exact gradient accumulation).
+- ``kl``: ``kl_penalty`` (k1, abs, k2, k3 and their ``+`` straight-through variants).
+- ``logprobs``: chunked ``logprobs_from_logits`` / ``entropy_from_logits``.
+- ``dapo``: dynamic-sampling filter and overlong reward shaping.
+"""
+
+from .advantages import compute_advantages
+from .aggregation import LOSS_AGG_MODES, LossNormalizer, aggregate_loss, loss_denominator, loss_numerator
+from .dapo import filter_groups_with_equal_rewards, overlong_penalty
+from .groups import Groups
+from .kl import KL_TYPES, kl_penalty
+from .logprobs import entropy_from_logits, logprobs_from_logits
+from .losses import policy_loss
+from .masked import masked_mean, masked_sum, masked_var, masked_whiten
+from .registry import (
+    ADV_ESTIMATORS,
+    POLICY_LOSSES,
+    Registry,
+    get_adv_estimator_fn,
+    get_policy_loss_fn,
+    register_adv_est,
+    register_policy_loss,
+)
+
+__all__ = [
+    "ADV_ESTIMATORS",
+    "KL_TYPES",
+    "LOSS_AGG_MODES",
+    "POLICY_LOSSES",
+    "Groups",
+    "LossNormalizer",
+    "Registry",
+    "aggregate_loss",
+    "compute_advantages",
+    "entropy_from_logits",
+    "filter_groups_with_equal_rewards",
+    "get_adv_estimator_fn",
+    "get_policy_loss_fn",
+    "kl_penalty",
+    "logprobs_from_logits",
+    "loss_denominator",
+    "loss_numerator",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "overlong_penalty",
+    "policy_loss",
+    "register_adv_est",
+    "register_policy_loss",
+]
