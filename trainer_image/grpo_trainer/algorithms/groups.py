@@ -64,11 +64,11 @@ class Groups:
 
     def max(self, values: torch.Tensor) -> torch.Tensor:
         out = torch.full((self.num_groups,), -torch.inf, dtype=values.dtype, device=values.device)
-        return out.index_reduce_(0, self.index, values, "amax")
+        return out.scatter_reduce_(0, self.index, values, reduce="amax")
 
     def min(self, values: torch.Tensor) -> torch.Tensor:
         out = torch.full((self.num_groups,), torch.inf, dtype=values.dtype, device=values.device)
-        return out.index_reduce_(0, self.index, values, "amin")
+        return out.scatter_reduce_(0, self.index, values, reduce="amin")
 
 
 def _hashable(group_id: Any) -> Any:

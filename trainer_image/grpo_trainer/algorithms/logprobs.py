@@ -78,9 +78,11 @@ class _EntropyFromLogits(torch.autograd.Function):
         for start in _chunks(logits.shape[0], chunk_size):
             rows = slice(start, start + chunk_size)
             x = logits[rows].to(dtype)
+            # -sum(p log p) rather than verl's logsumexp(x) - sum(p x): same value, without the
+            # cancellation between two large terms when the distribution is peaked.
+            logp = torch.log_softmax(x, dim=-1)
+            out[rows] = -(logp.exp() * logp).sum(dim=-1)
             lse[rows] = torch.logsumexp(x, dim=-1)
-            # verl's entropy_from_logits: H = logsumexp(x) - sum(softmax(x) * x)
-            out[rows] = lse[rows] - (torch.softmax(x, dim=-1) * x).sum(dim=-1)
         ctx.save_for_backward(logits, lse, out)
         ctx.chunk_size = chunk_size
         return out

@@ -1,0 +1,161 @@
+"""gRPC plumbing shared by the trainer (client) and the rollout servers: message size limits,
+the per-job token, the server-side check of it and the client-side stub.
+
+Every call carries `authorization: Bearer <token>` (DESIGN.md §8). The token comes from the
+environment (`GRPO_RPC_TOKEN`) or a file (`GRPO_RPC_TOKEN_FILE`, e.g. a mounted Secret); it is
+never logged. No torch import here.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import grpc
+
+from grpo_api.proto import rollout_pb2_grpc
+
+MiB = 1 << 20
+CHUNK_BYTES = 64 * MiB
+"""Weight bytes per UpdateWeights message: half the message limit, so the metadata that rides
+on a bucket's first chunk always fits."""
+MAX_MESSAGE_BYTES = 128 * MiB
+"""Largest message either side sends or accepts (gRPC's default, 4 MiB, is too small for chunks)."""
+
+AUTH_METADATA_KEY = "authorization"
+TOKEN_ENV = "GRPO_RPC_TOKEN"
+TOKEN_FILE_ENV = "GRPO_RPC_TOKEN_FILE"
+
+_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # Generate calls can run for many minutes without a byte on the wire: keepalive pings keep
+    # idle connections through NATs and load balancers, and spot a dead peer.
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+def channel_options() -> list[tuple[str, int]]:
+    return list(_OPTIONS)
+
+
+def server_options() -> list[tuple[str, int]]:
+    # The server must accept the client's keepalive pings, or it answers them with GOAWAY.
+    return list(_OPTIONS) + [("grpc.http2.min_ping_interval_without_data_ms", 10_000)]
+
+
+class TokenError(RuntimeError):
+    """No usable token: the message says where one was looked for."""
+
+
+def read_token(env: Mapping[str, str] | None = None) -> str:
+    """The job's RPC token from `GRPO_RPC_TOKEN`, else from the file `GRPO_RPC_TOKEN_FILE` names."""
+    env = os.environ if env is None else env
+    token = env.get(TOKEN_ENV, "").strip()
+    if token:
+        return token
+    path = env.get(TOKEN_FILE_ENV, "")
+    if path:
+        try:
+            token = Path(path).read_text().strip()
+        except OSError as exc:
+            raise TokenError(f"{TOKEN_FILE_ENV}={path}: can't read the token file ({exc.strerror})") from None
+        if token:
+            return token
+        raise TokenError(f"{TOKEN_FILE_ENV}={path}: the token file is empty")
+    raise TokenError(f"no RPC token: set {TOKEN_ENV}, or {TOKEN_FILE_ENV} to a file holding it")
+
+
+def _bearer(token: str) -> str:
+    return f"Bearer {token}"
+
+
+class TokenAuthInterceptor(grpc.ServerInterceptor):
+    """Refuses every call whose `authorization` metadata is not `Bearer <token>` with
+    UNAUTHENTICATED, before the servicer sees it."""
+
+    def __init__(self, token: str):
+        if not token:
+            raise TokenError("the server's RPC token is empty")
+        self._expected = _bearer(token).encode()
+
+    def _authorized(self, metadata) -> bool:
+        for key, value in metadata or ():
+            if key == AUTH_METADATA_KEY:
+                got = value.encode() if isinstance(value, str) else bytes(value)
+                # Constant time: the comparison must not tell an attacker how much was right.
+                return hmac.compare_digest(got, self._expected)
+        return False
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None or self._authorized(handler_call_details.invocation_metadata):
+            return handler
+        return _refusing_handler(handler)
+
+
+def _refusing_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    # The refusal must have the same streaming shape as the method it stands in for.
+    def refuse(request_or_iterator, context):
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong RPC token")
+
+    kw = dict(request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(refuse, **kw)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(refuse, **kw)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(refuse, **kw)
+    return grpc.stream_stream_rpc_method_handler(refuse, **kw)
+
+
+class _TokenMetadata(grpc.UnaryUnaryClientInterceptor, grpc.StreamUnaryClientInterceptor,
+                     grpc.UnaryStreamClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds the token to every outgoing call."""
+
+    def __init__(self, token: str):
+        self._pair = (AUTH_METADATA_KEY, _bearer(token))
+
+    def _details(self, details):
+        metadata = list(details.metadata or ()) + [self._pair]
+        return details._replace(metadata=metadata) if hasattr(details, "_replace") else _Details(details, metadata)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation, details, request_iterator):
+        return continuation(self._details(details), request_iterator)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_stream_stream(self, continuation, details, request_iterator):
+        return continuation(self._details(details), request_iterator)
+
+
+class _Details(grpc.ClientCallDetails):
+    def __init__(self, base, metadata):
+        self.method = base.method
+        self.timeout = base.timeout
+        self.metadata = metadata
+        self.credentials = base.credentials
+        self.wait_for_ready = getattr(base, "wait_for_ready", None)
+        self.compression = getattr(base, "compression", None)
+
+
+def rollout_channel(address: str, token: str) -> grpc.Channel:
+    """An insecure channel (in-cluster traffic; the NetworkPolicy and the token guard it) that
+    sends the token on every call. Close it when done."""
+    channel = grpc.insecure_channel(address, options=channel_options())
+    return grpc.intercept_channel(channel, _TokenMetadata(token))
+
+
+def rollout_stub(address: str, token: str) -> rollout_pb2_grpc.RolloutStub:
+    """A Rollout client for `host:port`. The channel closes when the stub is garbage-collected;
+    use `rollout_channel` to close it explicitly."""
+    return rollout_pb2_grpc.RolloutStub(rollout_channel(address, token))

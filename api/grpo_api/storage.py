@@ -1,0 +1,238 @@
+"""Object storage for everything that crosses processes: prompt and rollout shards, checkpoints,
+progress. One `Storage` over `pyarrow.fs` for `file://` and `s3://` URIs (DESIGN.md §5).
+
+- Writes are atomic: on a file system the bytes go to a temporary file in the same folder that
+  is then renamed over the target; on S3 an object becomes visible only when its upload
+  completes (a single PUT, or a completed multipart upload for large objects).
+- Transient failures (network, throttling, 5xx, I/O errors) are retried with exponential
+  backoff, a bounded number of times; then `StorageError` names the operation and the URI.
+  Permanent ones (not found, access denied) are raised at once.
+- S3 credentials come only from the environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+  optionally `AWS_SESSION_TOKEN`), which the pods get from `spec.storage.secretRef`. They are
+  never logged or put in an error message.
+
+No torch import here.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from grpo_api.spec import StorageSpec
+
+if TYPE_CHECKING:
+    from grpo_api.spec import GRPOJob
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# pyarrow reports S3 errors as OSError("... AWS Error <CODE> ..."): these codes won't go away
+# by trying again.
+_PERMANENT_S3_ERRORS = ("ACCESS_DENIED", "NO_SUCH_BUCKET", "NO_SUCH_KEY", "INVALID_ACCESS_KEY_ID",
+                        "SIGNATURE_DOES_NOT_MATCH", "RESOURCE_NOT_FOUND", "INVALID_PARAMETER",
+                        "Forbidden", "InvalidAccessKeyId", "NoSuchBucket")
+_PERMANENT_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR}
+
+
+class StorageError(OSError):
+    """A storage operation failed for good (after retries, if the failure looked transient)."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether trying again may succeed: network, throttling and server errors are; a missing
+    object, a denied request or a full disk are not."""
+    if not isinstance(exc, OSError) or isinstance(exc, StorageError):
+        return False
+    if isinstance(exc, (FileNotFoundError, FileExistsError, PermissionError, NotADirectoryError, IsADirectoryError)):
+        return False
+    if exc.errno in _PERMANENT_ERRNOS:
+        return False
+    return not any(code in str(exc) for code in _PERMANENT_S3_ERRORS)
+
+
+def _s3_filesystem(spec: StorageSpec, env: Mapping[str, str]) -> pafs.S3FileSystem:
+    access, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
+    if not access or not secret:
+        raise StorageError("s3:// storage needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment "
+                           "(from spec.storage.secretRef on Kubernetes)")
+    kwargs: dict = dict(access_key=access, secret_key=secret, session_token=env.get("AWS_SESSION_TOKEN") or None,
+                        region=spec.region or env.get("AWS_REGION") or "us-east-1")
+    if spec.endpoint:
+        url = urlparse(spec.endpoint)
+        # S3-compatible servers are addressed by path (http://host:port/bucket/key): most of them
+        # have no wildcard DNS for virtual-host buckets.
+        kwargs.update(endpoint_override=url.netloc, scheme=url.scheme, force_virtual_addressing=False)
+    return pafs.S3FileSystem(**kwargs)
+
+
+class Storage:
+    """Reads and writes `file://` and `s3://` URIs. Thread-safe (pyarrow file systems are)."""
+
+    def __init__(self, spec: StorageSpec | None = None, *, env: Mapping[str, str] | None = None,
+                 attempts: int = 5, backoff_seconds: float = 0.2, max_backoff_seconds: float = 5.0):
+        """spec: endpoint and region for s3:// URIs (its `uri` is not used here: callers pass full
+        URIs, see `job_root`). attempts: tries per operation for transient errors."""
+        if attempts < 1:
+            raise ValueError(f"attempts must be >= 1 (got {attempts})")
+        self._spec = spec or StorageSpec()
+        self._env = dict(os.environ if env is None else env)
+        self._attempts = attempts
+        self._backoff = backoff_seconds
+        self._max_backoff = max_backoff_seconds
+        self._local = pafs.LocalFileSystem()
+        self._s3: pafs.S3FileSystem | None = None
+
+    # -- URI resolution --------------------------------------------------------------------
+
+    def resolve(self, uri: str) -> tuple[pafs.FileSystem, str]:
+        """The pyarrow file system and the path within it for a URI, for callers that stream
+        large files themselves (e.g. checkpoints)."""
+        if uri.startswith("file://"):
+            path = uri[len("file://"):]
+            return self._local, str(Path(path).absolute()) if path else os.getcwd()
+        if uri.startswith("s3://"):
+            if self._s3 is None:
+                self._s3 = _s3_filesystem(self._spec, self._env)
+            path = uri[len("s3://"):].rstrip("/")
+            if not path:
+                raise ValueError(f"{uri!r}: an s3:// URI needs a bucket")
+            return self._s3, path
+        raise ValueError(f"{uri!r}: unsupported URI; use file://PATH or s3://BUCKET/KEY")
+
+    def _retry(self, op: str, uri: str, fn: Callable[[], T]) -> T:
+        delay = self._backoff
+        for attempt in range(1, self._attempts + 1):
+            try:
+                return fn()
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                if attempt == self._attempts:
+                    raise StorageError(f"{op} {uri}: failed {attempt} times, last error: {exc}") from exc
+                log.warning("%s %s: transient error (attempt %d/%d), retrying in %.1fs: %s",
+                            op, uri, attempt, self._attempts, delay, exc)
+                time.sleep(delay)
+                delay = min(delay * 2, self._max_backoff)
+        raise AssertionError("unreachable")
+
+    # -- bytes -----------------------------------------------------------------------------
+
+    def write_bytes(self, uri: str, data: bytes) -> None:
+        """Write an object/file atomically: readers see the old content or the new, never a part."""
+        fs, path = self.resolve(uri)
+        if isinstance(fs, pafs.LocalFileSystem):
+            self._retry("write", uri, lambda: _write_local_atomic(path, data))
+        else:
+            self._retry("write", uri, lambda: _write_stream(fs, path, data))
+
+    def read_bytes(self, uri: str) -> bytes:
+        fs, path = self.resolve(uri)
+
+        def read() -> bytes:
+            with fs.open_input_stream(path) as f:
+                return f.read()
+        return self._retry("read", uri, read)
+
+    # -- arrow tables ----------------------------------------------------------------------
+
+    def write_table(self, uri: str, table: pa.Table) -> None:
+        """Write a table as one parquet file, atomically (serialized in memory first: shards are
+        small, and a single write is what makes the S3 upload atomic)."""
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        self.write_bytes(uri, sink.getvalue().to_pybytes())
+
+    def read_table(self, uri: str, schema: pa.Schema | None = None) -> pa.Table:
+        """Read a parquet file; with `schema`, columns are selected and cast to it, and a missing
+        column is a ValueError naming it."""
+        table = pq.read_table(pa.BufferReader(self.read_bytes(uri)))
+        if schema is None:
+            return table
+        missing = [f.name for f in schema if f.name not in table.column_names]
+        if missing:
+            raise ValueError(f"{uri}: missing column(s) {missing}; expected {schema.names}")
+        return table.select(schema.names).cast(schema)
+
+    # -- listing ---------------------------------------------------------------------------
+
+    def exists(self, uri: str) -> bool:
+        fs, path = self.resolve(uri)
+        return self._retry("stat", uri, lambda: fs.get_file_info(path).type != pafs.FileType.NotFound)
+
+    def list(self, uri: str, *, recursive: bool = False) -> list[str]:
+        """URIs of the files and folders under `uri`, sorted; empty when it doesn't exist."""
+        fs, path = self.resolve(uri)
+        selector = pafs.FileSelector(path, recursive=recursive, allow_not_found=True)
+        infos = self._retry("list", uri, lambda: fs.get_file_info(selector))
+        scheme = "file://" if isinstance(fs, pafs.LocalFileSystem) else "s3://"
+        return sorted(scheme + info.path for info in infos if not _is_temporary(info.base_name))
+
+    def delete_dir(self, uri: str) -> None:
+        """Delete a folder/prefix and everything under it; nothing happens when it's absent."""
+        fs, path = self.resolve(uri)
+
+        def delete() -> None:
+            try:
+                fs.delete_dir(path)
+            except FileNotFoundError:
+                pass
+        self._retry("delete", uri, delete)
+
+
+_TMP_PREFIX = ".tmp-"
+
+
+def _is_temporary(name: str) -> bool:
+    return name.startswith(_TMP_PREFIX)
+
+
+def _write_local_atomic(path: str, data: bytes) -> None:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f"{_TMP_PREFIX}{target.name}.{uuid.uuid4().hex}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # the rename must not be durable before the bytes are
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _write_stream(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    with fs.open_output_stream(path) as f:
+        f.write(data)
+
+
+def job_root(job: "GRPOJob", *, local: bool, cwd: str | Path | None = None) -> str:
+    """The URI under which a job's files live (grpo_api.records.RunLayout takes it).
+
+    Local runs without `spec.storage.uri` use `file://<abs cwd>/outputs/<project>/<experiment>`
+    (verl's habit); otherwise `<storage.uri>/<namespace>/<name>`, so jobs sharing a bucket never
+    collide."""
+    uri = job.spec.storage.uri
+    if uri is None:
+        if not local:
+            raise ValueError("spec.storage.uri: required on Kubernetes (e.g. s3://bucket/prefix): "
+                             "the trainer and the rollout pods exchange files through it")
+        base = Path(cwd or os.getcwd()).absolute()
+        trainer = job.spec.trainer
+        return f"file://{base / 'outputs' / trainer.project_name / trainer.experiment_name}"
+    if uri.startswith("file://"):
+        path = uri[len("file://"):]
+        # A relative file:// URI would mean different folders to processes with different cwds.
+        uri = f"file://{(Path(cwd or os.getcwd()) / path).absolute()}" if not path.startswith("/") else uri
+    return f"{uri.rstrip('/')}/{job.metadata.namespace}/{job.metadata.name}"

@@ -1,0 +1,142 @@
+"""Can GRPO teach the quickstart task to the tiny random-init model on a CPU, quickly?
+
+A self-contained minimal GRPO loop (no trainer, no rollout server, no storage), to prove the
+embedded default job (examples/quickstart.yaml) is a real learning run and to pick its
+hyperparameters. Per step:
+
+  sample P prompts -> HF generate, n samples each (temperature 1.0, full-vocabulary sampling)
+  -> verl's strict GSM8K score (inline below) -> GRPO advantages (r - mean_g) / (std_g + 1e-6)
+  -> token-mean policy-gradient loss, one update per batch (so the PPO ratio is 1 and the
+  clipped loss is plain PG) -> AdamW.
+
+It builds the model with grpo_rollout.tiny and the data with grpo_rollout.quickstart_data
+(written to parquet and read back), i.e. exactly what the quickstart job uses. Prints per-step
+mean reward, accuracy, format rate and elapsed time, and a final greedy validation score.
+
+    python bench/quickstart_learnability.py --seed 0            # the recorded runs
+    python bench/quickstart_learnability.py --seed 0 --lr 0     # control: no learning
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import tempfile
+import time
+
+import pyarrow.parquet as pq
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from grpo_rollout.quickstart_data import FORMAT_SCORE, write_quickstart_dataset
+from grpo_rollout.tiny import build_tiny_model
+
+
+# --- verl's GSM8K rule (verl/utils/reward_score/gsm8k.py, strict), inline -------------------
+def gsm8k_score(solution: str, ground_truth: str, format_score: float = 0.0, score: float = 1.0) -> float:
+    solution = solution[-300:]  # verl matches only the last 300 characters
+    found = re.findall(r"#### (\-?[0-9\.\,]+)", solution)
+    if not found:
+        return 0.0
+    answer = found[-1].replace(",", "").replace("$", "")  # the last `#### ` wins
+    return score if answer == ground_truth else format_score
+
+
+def response_mask(resp: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """1 for generated tokens up to and including the first eos; 0 for the padding after it."""
+    is_eos = (resp == eos_id).int()
+    after_eos = (is_eos.cumsum(1) - is_eos) > 0
+    return (~after_eos).float()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int, default=0, help="model init, data and sampling seed")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--prompts", type=int, default=16, help="prompts per step (data.trainBatchSize)")
+    ap.add_argument("--n", type=int, default=8, help="samples per prompt (rollout.n)")
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--max-new-tokens", type=int, default=6, help="data.maxResponseLength")
+    ap.add_argument("--format-score", type=float, default=FORMAT_SCORE)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--size", type=json.loads, default={}, help='Qwen3Config overrides, JSON, e.g. {"hidden_size": 128}')
+    ap.add_argument("--val", type=int, default=64, help="validation prompts (greedy, at the end)")
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    tmp = tempfile.mkdtemp(prefix="quickstart-")
+    model_dir = build_tiny_model(f"{tmp}/model", seed=args.seed, **args.size)
+    train_path, test_path = write_quickstart_dataset(f"{tmp}/data", n_val=args.val, seed=args.seed)
+    train, test = pq.read_table(train_path).to_pylist(), pq.read_table(test_path).to_pylist()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    print(f"model: {sum(p.numel() for p in model.parameters())} params, vocab {len(tok)}; "
+          f"P={args.prompts} n={args.n} lr={args.lr} T={args.temperature} "
+          f"max_new={args.max_new_tokens} format_score={args.format_score} seed={args.seed}", flush=True)
+
+    def rollout(rows, n, greedy=False):
+        texts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in rows]
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        ids = enc.input_ids.repeat_interleave(n, 0)
+        mask = enc.attention_mask.repeat_interleave(n, 0)
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=args.max_new_tokens,
+                                 do_sample=not greedy, temperature=args.temperature, top_k=0, top_p=1.0,
+                                 eos_token_id=eos, pad_token_id=pad)
+        resp = out[:, ids.shape[1]:]
+        rmask = response_mask(resp, eos)
+        texts = tok.batch_decode(resp, skip_special_tokens=True)
+        gts = [r["reward_model"]["ground_truth"] for r in rows for _ in range(n)]
+        rewards = torch.tensor([gsm8k_score(t, g, args.format_score) for t, g in zip(texts, gts)])
+        return ids, mask, resp, rmask, rewards, texts
+
+    t0 = time.time()
+    history = []
+    for step in range(1, args.steps + 1):
+        idx = torch.randint(len(train), (args.prompts,), generator=gen).tolist()
+        model.eval()
+        ids, mask, resp, rmask, rewards, texts = rollout([train[i] for i in idx], args.n)
+
+        # GRPO: advantage = (r - group mean) / (group std + eps), one value for all tokens.
+        g = rewards.view(args.prompts, args.n)
+        adv = ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + 1e-6)).view(-1)
+
+        # Token-mean PG loss over the response tokens. One update per batch: ratio = 1, so
+        # PPO's clipped loss reduces to -A * logp (its gradient), which is what we minimise.
+        model.train()
+        full = torch.cat([ids, resp], 1)
+        full_mask = torch.cat([mask.float(), rmask], 1)
+        pos = (full_mask.cumsum(1) - 1).clamp(min=0).long()  # left padding: positions start at 0
+        logits = model(input_ids=full, attention_mask=full_mask.long(), position_ids=pos).logits
+        logits = logits[:, ids.shape[1] - 1:-1].float() / args.temperature
+        logp = torch.log_softmax(logits, -1).gather(-1, resp.unsqueeze(-1)).squeeze(-1)
+        loss = -(adv.unsqueeze(1) * logp * rmask).sum() / rmask.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+        mean_r = rewards.mean().item()
+        history.append(mean_r)
+        print(f"step {step:3d}  reward {mean_r:.3f}  acc {(rewards == 1).float().mean():.3f}  "
+              f"format {(rewards > 0).float().mean():.3f}  resp_len {rmask.sum(1).mean():.2f}  "
+              f"elapsed {time.time() - t0:6.1f}s  e.g. {texts[0]!r}", flush=True)
+
+    model.eval()
+    *_, val_rewards, _ = rollout(test, 1, greedy=True)
+    elapsed = time.time() - t0
+    first = next((i + 1 for i in range(len(history)) if statistics.mean(history[max(0, i - 4):i + 1]) >= 0.8), None)
+    print(f"summary: seed {args.seed} lr {args.lr}: reward first step {history[0]:.3f}, "
+          f"mean of first 5 {statistics.mean(history[:5]):.3f}, mean of last 5 {statistics.mean(history[-5:]):.3f}; "
+          f"5-step mean >= 0.8 at step {first}; greedy val {val_rewards.mean():.3f}; "
+          f"{elapsed:.1f}s total, {elapsed / args.steps:.2f}s/step", flush=True)
+
+
+if __name__ == "__main__":
+    main()

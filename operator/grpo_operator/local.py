@@ -1,0 +1,220 @@
+"""The local launcher: `grpo run JOB.yaml` turns a GRPOJob into local processes instead of pods.
+
+`rollout.replicas` rollout servers on loopback and a torchrun trainer with
+`trainer.nprocPerNode` ranks, sharing `file://` storage (default ./outputs/<project>/<experiment>)
+and a fresh RPC token. The launcher supervises them: a rollout server that dies is restarted on
+its port (the trainer re-dispatches its shard and re-syncs its weights); Ctrl-C, SIGTERM or a
+trainer failure stops every child, so no process or port outlives the run. The exit code is the
+trainer's (130 after Ctrl-C).
+
+Only subprocesses here: the launcher never imports torch, the trainer or the rollout package.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from grpo_api.jobfile import dump_job, load_job
+from grpo_api.spec import GRPOJob
+
+log = logging.getLogger("grpo.run")
+BUILTIN = "builtin://"
+CACHE = Path(os.environ.get("GRPO_CACHE", Path.home() / ".cache" / "grpo-operator"))
+MAX_ROLLOUT_RESTARTS = 5
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: its own process group (so we can stop torchrun and its
+    workers together) and SIGTERM when the launcher dies, even by SIGKILL (Linux)."""
+    os.setsid()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def grpo_command() -> list[str]:
+    exe = shutil.which("grpo", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    return [exe] if exe else [sys.executable, "-m", "grpo_api.cli"]
+
+
+# --- builtin:// assets: the quickstart's tiny model and dataset, built on first use ----------
+
+def resolve_builtin(job: GRPOJob) -> GRPOJob:
+    """Replace builtin:// model and data paths by local folders, building them once (cached)."""
+    spec = job.spec
+    model_path = _builtin_model(spec.model.path) if spec.model.path.startswith(BUILTIN) else spec.model.path
+    train = [_builtin_data(f) for f in spec.data.train_files]
+    val = [_builtin_data(f) for f in spec.data.val_files]
+    return job.model_copy(update={"spec": spec.model_copy(update={
+        "model": spec.model.model_copy(update={"path": model_path}),
+        "data": spec.data.model_copy(update={"train_files": train, "val_files": val})})})
+
+
+def _builtin_model(uri: str) -> str:
+    name = uri.removeprefix(BUILTIN)             # e.g. tiny-qwen3
+    if not name.startswith("tiny-"):
+        raise ValueError(f"spec.model.path: unknown builtin model {uri!r} (known: builtin://tiny-qwen3)")
+    out = CACHE / "builtin" / name
+    if not (out / "config.json").exists():
+        log.info("Building the tiny model %s (first use)...", out)
+        subprocess.run([*grpo_command(), "model", "tiny", "--arch", name.removeprefix("tiny-"), "--out", str(out)],
+                       check=True)
+    return str(out)
+
+
+def _builtin_data(uri: str) -> str:
+    if not uri.startswith(BUILTIN):
+        return uri
+    dataset, _, file = uri.removeprefix(BUILTIN).partition("/")
+    out = CACHE / "builtin" / "data" / dataset
+    if not (out / file).exists():
+        log.info("Generating the %s dataset in %s (first use)...", dataset, out)
+        subprocess.run([*grpo_command(), "data", dataset, "--out", str(out)], check=True)
+    if not (out / file).exists():
+        raise ValueError(f"spec.data: builtin dataset {dataset!r} has no file {file!r}")
+    return str(out / file)
+
+
+# --- processes -------------------------------------------------------------------------------
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    log_path: Path | None = None
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+
+    def start(self, env: dict[str, str]) -> None:
+        out = open(self.log_path, "ab") if self.log_path else None
+        self.proc = subprocess.Popen(self.argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
+                                     preexec_fn=_die_with_parent)
+        if out:
+            out.close()
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+class LocalRun:
+    def __init__(self, job: GRPOJob):
+        from grpo_api.storage import job_root
+        self.job = job
+        self.root = Path(job_root(job, local=True).removeprefix("file://"))
+        self.logs = self.root / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.spec_path = self.root / "job.yaml"
+        self.spec_path.write_text(dump_job(job))
+        self.env = {**os.environ, "GRPO_RPC_TOKEN": secrets.token_hex(16), "PYTHONUNBUFFERED": "1"}
+        self.rollout_ports = [free_port() for _ in range(job.spec.rollout.replicas)]
+        grpo = grpo_command()
+        self.rollouts = [
+            Child(f"rollout-{i}", [*grpo, "rollout", "--spec", str(self.spec_path), "--port", str(port),
+                                   "--worker-id", f"rollout-{i}"], self.logs / f"rollout-{i}.log")
+            for i, port in enumerate(self.rollout_ports)]
+        addresses = ",".join(f"127.0.0.1:{p}" for p in self.rollout_ports)
+        nproc = job.spec.trainer.nproc_per_node
+        self.trainer = Child("trainer", [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "--no-python", *grpo, "trainer", "--spec", str(self.spec_path), "--rollout", addresses, "--local"])
+
+    def _wait_ready(self, timeout: float = 600.0) -> None:
+        from grpo_api.proto import rollout_pb2 as pb
+        from grpo_api.rpc import rollout_stub
+        deadline = time.monotonic() + timeout
+        for child, port in zip(self.rollouts, self.rollout_ports):
+            stub = rollout_stub(f"127.0.0.1:{port}", self.env["GRPO_RPC_TOKEN"])
+            while True:
+                if child.proc.poll() is not None:
+                    raise RuntimeError(f"{child.name} exited with {child.proc.returncode}; see {child.log_path}")
+                try:
+                    if stub.Health(pb.HealthRequest(), timeout=2).ready:
+                        break
+                except Exception:  # noqa: BLE001 - not listening yet
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{child.name} not ready after {timeout:.0f}s; see {child.log_path}")
+                time.sleep(0.5)
+
+    def run(self) -> int:
+        interrupted = []
+
+        def on_signal(signum, _frame):
+            interrupted.append(signum)
+            raise KeyboardInterrupt
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            log.info("Run directory: %s", self.root)
+            log.info("Launching %d rollout server(s) (%s engine, n=%d per prompt)...", len(self.rollouts),
+                     self.job.spec.rollout.engine, self.job.spec.rollout.n)
+            for child in self.rollouts:
+                child.start(self.env)
+            self._wait_ready()
+            self.trainer.start(self.env)
+            return self._supervise()
+        except KeyboardInterrupt:
+            log.warning("Interrupted: stopping every process (re-run to resume from the last checkpoint)")
+            return 130
+        finally:
+            self.stop_all()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _supervise(self) -> int:
+        while True:
+            code = self.trainer.proc.poll()
+            if code is not None:
+                if code:
+                    log.error("Trainer exited with code %d", code)
+                return code
+            for child in self.rollouts:
+                if child.proc.poll() is not None:
+                    if child.restarts >= MAX_ROLLOUT_RESTARTS:
+                        log.error("%s died %d times; stopping the run (see %s)", child.name, child.restarts,
+                                  child.log_path)
+                        return 1
+                    child.restarts += 1
+                    log.warning("%s exited with %s; restarting it (%d/%d)", child.name, child.proc.returncode,
+                                child.restarts, MAX_ROLLOUT_RESTARTS)
+                    child.start(self.env)
+            time.sleep(0.5)
+
+    def stop_all(self) -> None:
+        for child in [self.trainer, *self.rollouts]:
+            child.stop()
+
+
+def run_job(path: str, overrides: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="[%(levelname)s] %(message)s")
+    job = resolve_builtin(load_job(path, overrides))
+    return LocalRun(job).run()

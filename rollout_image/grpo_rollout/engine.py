@@ -1,0 +1,103 @@
+"""The generation engine interface: what the rollout server needs from vLLM or transformers.
+
+Behaviour logprobs: every engine reports, for each sampled token, its log-probability under the
+distribution it was sampled from *after temperature*, i.e. `log_softmax(logits / T)[token]`.
+That is what the trainer recomputes (verl divides the logits by the rollout temperature before
+its log_softmax), so the ratio old/behaviour is 1 for an unchanged policy. Top-k/top-p only
+select the candidates; greedy decoding (T = 0) reports `log_softmax(logits)` (T = 1).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1
+    """Samples per prompt."""
+    max_tokens: int = 16
+    """Most tokens generated per sample."""
+    temperature: float = 1.0
+    """0 is greedy."""
+    top_p: float = 1.0
+    top_k: int = -1
+    """-1 (or 0) disables top-k."""
+    seed: int | None = None
+    """Same seed, same prompts, same weights: same samples."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: generation ends (finish_reason "stop") once the decoded response contains one."""
+
+    def __post_init__(self):
+        if self.n < 1:
+            raise ValueError(f"sampling.n must be >= 1 (got {self.n})")
+        if self.max_tokens < 1:
+            raise ValueError(f"sampling.max_tokens must be >= 1 (got {self.max_tokens})")
+        if self.temperature < 0:
+            raise ValueError(f"sampling.temperature must be >= 0 (got {self.temperature})")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"sampling.top_p must be in (0, 1] (got {self.top_p})")
+        if self.top_k < -1:
+            raise ValueError(f"sampling.top_k must be -1 (off) or >= 0 (got {self.top_k})")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class Sample:
+    token_ids: list[int]
+    """Response tokens, including the EOS token when generation stopped on it."""
+    logprobs: list[float]
+    """One behaviour logprob per response token (see the module docstring)."""
+    finish_reason: FinishReason
+    """"stop": EOS or a stop string; "length": max_tokens reached."""
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    engine: str
+    model: str
+    device: str
+    num_parameters: int
+    capacity: int = field(default=64)
+    """Sequences generated at once: a load hint for the trainer's dispatcher."""
+
+
+class Engine(ABC):
+    """A model that generates, and whose weights can be replaced in place."""
+
+    policy_version: int = 0
+    """Version of the weights it holds; -1 while an update is half-applied. The weight receiver
+    sets it; the engine only stores it."""
+
+    @abstractmethod
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[Sample]]:
+        """`params.n` samples for each prompt, in prompt order."""
+
+    @abstractmethod
+    def load_weights(self, weights: Iterable[tuple[str, "torch.Tensor"]]) -> None:
+        """Copy tensors (Hugging Face names, full shapes) into the model. May be called with a
+        subset of the parameters (one bucket at a time). An unknown name or a wrong shape is a
+        ValueError, raised before anything of that batch is copied."""
+
+    @abstractmethod
+    def info(self) -> EngineInfo:
+        ...
+
+    @property
+    @abstractmethod
+    def device(self) -> "torch.device":
+        """Where received weight buffers should live (gloo needs cpu, nccl the engine's GPU)."""
+
+    def close(self) -> None:
+        """Release the model (GPU memory, engine processes)."""

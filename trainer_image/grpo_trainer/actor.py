@@ -1,0 +1,109 @@
+"""Logprobs and the policy update over mini- and micro-batches (verl's dp_actor, in short).
+
+Gradient accumulation is exact: each micro-batch's loss is its partial sum over the whole
+mini-batch's denominator (`LossNormalizer`), FSDP2 averages gradients over ranks and the
+normalizer's dp_size factor cancels that.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from grpo_api.spec import GRPOJobSpec
+from grpo_trainer.algorithms import (LossNormalizer, entropy_from_logits, kl_penalty,
+                                     logprobs_from_logits, policy_loss)
+from grpo_trainer.batch import MicroBatch
+
+
+def forward_logprobs(model, mb: MicroBatch, temperature: float, *, with_entropy: bool = False,
+                     entropy_grad: bool = False):
+    """Per-position logprob of the next token (and entropy), [b, L-1], at the sampling
+    temperature as verl does (logits / T). The entropy is a metric unless `entropy_grad`."""
+    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
+    logits = logits[:, :-1]
+    if temperature > 0:
+        logits = logits / temperature
+    logp = logprobs_from_logits(logits, mb.targets)
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
+    return logp, entropy
+
+
+@torch.no_grad()
+def compute_logprobs(model, micro_batches: list[MicroBatch], temperature: float) -> list[torch.Tensor]:
+    return [forward_logprobs(model, mb, temperature)[0].detach() for mb in micro_batches]
+
+
+@dataclass
+class UpdateResult:
+    metrics: dict[str, float]
+    tokens: int
+
+
+def update_policy(model, optimizer, scheduler, spec: GRPOJobSpec, minibatches: list[list[MicroBatch]],
+                  old_logp: dict[int, torch.Tensor], ref_logp: dict[int, torch.Tensor] | None,
+                  world: int, device: torch.device) -> UpdateResult:
+    """ppoEpochs x mini-batches x micro-batches; one optimizer step per mini-batch.
+    `old_logp`/`ref_logp` are keyed by id(micro-batch); missing old logprobs mean on-policy
+    (the current logprobs, detached: ratio 1)."""
+    algo, temperature = spec.algorithm, spec.rollout.temperature
+    scale = algo.loss_scale_factor or spec.data.max_response_length
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    tokens = 0
+    model.train()
+    for _ in range(spec.trainer.ppo_epochs):
+        for mbs in minibatches:
+            norm = LossNormalizer.from_masks(algo.loss_agg_mode, [mb.response_mask for mb in mbs],
+                                             scale_factor=scale, dp_size=world)
+            for mb in mbs:
+                logp, entropy = forward_logprobs(model, mb, temperature, with_entropy=True,
+                                                 entropy_grad=algo.entropy_coeff != 0)
+                old = old_logp.get(id(mb), logp.detach())
+                pg_loss, pg_metrics = policy_loss(
+                    algo.policy_loss, old, logp, mb.advantages, mb.response_mask,
+                    clip_ratio_low=algo.clip_ratio_low, clip_ratio_high=algo.clip_ratio_high,
+                    clip_ratio_c=algo.clip_ratio_c, loss_agg_mode=algo.loss_agg_mode, normalizer=norm)
+                loss = pg_loss
+                sums["actor/pg_loss"] += pg_loss.item() / world
+                if algo.use_kl_loss and ref_logp is not None:
+                    kl_loss = norm(kl_penalty(logp, ref_logp[id(mb)], algo.kl_loss_type), mb.response_mask)
+                    loss = loss + algo.kl_loss_coef * kl_loss
+                    sums["actor/kl_loss"] += kl_loss.item() / world
+                ent_loss = norm(entropy, mb.response_mask)
+                sums["actor/entropy"] += ent_loss.item() / world
+                if algo.entropy_coeff != 0:
+                    loss = loss - algo.entropy_coeff * ent_loss
+                loss.backward()
+                tokens += mb.num_tokens
+                for k, v in pg_metrics.items():
+                    sums[f"actor/{k}"] += float(v)
+                    counts[f"actor/{k}"] += 1
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), spec.trainer.grad_clip)
+            grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+            if torch.isfinite(torch.tensor(grad_norm)):
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            sums["actor/grad_norm"] += grad_norm
+            counts["actor/grad_norm"] += 1
+    num_updates = spec.trainer.ppo_epochs * len(minibatches)
+    metrics = {k: v / counts[k] if counts[k] else v / num_updates for k, v in sums.items()}
+    # Losses are per-rank partial sums: add them up over ranks.
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy"):
+        if key in metrics and world > 1:
+            metrics[key] = all_reduce_sum(metrics[key], device)
+    metrics["actor/lr"] = scheduler.get_last_lr()[0]
+    scheduler.step()
+    return UpdateResult(metrics, tokens)
+
+
+def all_reduce_sum(value: float, device: torch.device) -> float:
+    t = torch.tensor(value, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return float(t)

@@ -1,0 +1,123 @@
+"""From rollout shards to training tensors: samples, advantages, per-rank shares, micro-batches.
+
+Micro-batches are formed from length-sorted samples under a token budget
+(`trainer.maxTokensPerGPU`) or a count (`trainer.microBatchSizePerGPU`), so padding stays small
+on mixed lengths. Tensors are over the shifted sequence (position t predicts token t+1);
+`response_mask` marks the positions that predict response tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import torch
+
+from grpo_trainer.algorithms import compute_advantages
+
+
+@dataclass
+class Sample:
+    uid: str
+    prompt_index: int
+    sample_index: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behaviour_logprobs: list[float]
+    reward: float
+    finish_reason: str
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+def samples_from_table(table: pa.Table) -> list[Sample]:
+    rows = table.select(["uid", "prompt_index", "sample_index", "prompt_ids", "response_ids",
+                         "response_logprobs", "reward", "finish_reason"]).to_pylist()
+    samples = [Sample(r["uid"], r["prompt_index"], r["sample_index"], r["prompt_ids"], r["response_ids"],
+                      r["response_logprobs"], float(r["reward"]), r["finish_reason"]) for r in rows]
+    return sorted(samples, key=lambda s: (s.prompt_index, s.sample_index))
+
+
+def check_complete(samples: list[Sample], num_prompts: int, n: int) -> None:
+    """Every prompt of the step has exactly n samples: nothing missing, nothing duplicated."""
+    seen = {(s.prompt_index, s.sample_index) for s in samples}
+    expected = {(p, i) for p in range(num_prompts) for i in range(n)}
+    if len(samples) != len(seen) or seen != expected:
+        missing, extra = expected - seen, seen - expected
+        raise RuntimeError(f"rollouts incomplete: {len(samples)} rows for {num_prompts}x{n}; "
+                           f"missing {sorted(missing)[:5]}, unexpected {sorted(extra)[:5]}, "
+                           f"duplicates {len(samples) - len(seen)}")
+
+
+def advantages_per_sample(samples: list[Sample], estimator: str, *, norm_adv_by_std: bool,
+                          gamma: float) -> list[torch.Tensor]:
+    """Advantages of each sample's response tokens (the whole step's batch is one computation:
+    group statistics and REINFORCE++ whitening need every sample)."""
+    width = max(len(s.response_ids) for s in samples)
+    mask = torch.zeros(len(samples), width)
+    rewards = torch.zeros(len(samples), width)
+    for i, s in enumerate(samples):
+        mask[i, :len(s.response_ids)] = 1
+        rewards[i, len(s.response_ids) - 1] = s.reward   # outcome reward on the last token
+    adv, _ = compute_advantages(estimator, rewards, mask, [s.uid for s in samples],
+                                norm_adv_by_std=norm_adv_by_std, gamma=gamma)
+    return [adv[i, :len(s.response_ids)] for i, s in enumerate(samples)]
+
+
+def rank_share(indices: list[int], rank: int, world: int) -> list[int]:
+    """This rank's contiguous share of a mini-batch's sample indices (sizes divide evenly)."""
+    per = len(indices) // world
+    return indices[rank * per:(rank + 1) * per]
+
+
+def micro_batches(indices: list[int], samples: list[Sample], *, max_count: int,
+                  max_tokens: int | None) -> list[list[int]]:
+    """Group samples, longest first, so each micro-batch's padded size (count x longest) stays
+    within `max_tokens` (or its count within `max_count` when there's no token budget)."""
+    order = sorted(indices, key=lambda i: -samples[i].length)
+    groups: list[list[int]] = []
+    for i in order:
+        if groups:
+            g = groups[-1]
+            longest = samples[g[0]].length
+            fits = (len(g) + 1) * longest <= max_tokens if max_tokens else len(g) < max_count
+            if fits:
+                g.append(i)
+                continue
+        groups.append([i])
+    return groups
+
+
+@dataclass
+class MicroBatch:
+    indices: list[int]
+    input_ids: torch.Tensor       # [b, L]
+    attention_mask: torch.Tensor  # [b, L]
+    targets: torch.Tensor         # [b, L-1] = input_ids shifted left
+    response_mask: torch.Tensor   # [b, L-1]
+    advantages: torch.Tensor      # [b, L-1]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+
+def collate(indices: list[int], samples: list[Sample], advantages: list[torch.Tensor], pad_id: int,
+            device: torch.device) -> MicroBatch:
+    width = max(samples[i].length for i in indices)
+    b = len(indices)
+    input_ids = torch.full((b, width), pad_id, dtype=torch.long)
+    attention = torch.zeros(b, width, dtype=torch.long)
+    resp_mask = torch.zeros(b, width - 1)
+    adv = torch.zeros(b, width - 1)
+    for row, i in enumerate(indices):
+        s = samples[i]
+        p, r = len(s.prompt_ids), len(s.response_ids)
+        input_ids[row, :p + r] = torch.tensor(s.prompt_ids + s.response_ids)
+        attention[row, :p + r] = 1
+        resp_mask[row, p - 1:p - 1 + r] = 1
+        adv[row, p - 1:p - 1 + r] = advantages[i]
+    return MicroBatch(indices, input_ids.to(device), attention.to(device), input_ids[:, 1:].to(device),
+                      resp_mask.to(device), adv.to(device))

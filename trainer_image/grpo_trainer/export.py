@@ -1,0 +1,31 @@
+"""Hugging Face export: safetensors + config + tokenizer that `from_pretrained` loads.
+
+Used at the end of every run (the final policy) and by `grpo export CHECKPOINT --out DIR`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import torch
+
+from grpo_api.spec import ModelSpec
+from grpo_api.storage import Storage
+
+
+def save_hf(weights: dict[str, torch.Tensor], model_spec: ModelSpec, uri: str, storage: Storage) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from grpo_trainer.model import load_tokenizer
+    config = AutoConfig.from_pretrained(model_spec.path, trust_remote_code=model_spec.trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=model_spec.trust_remote_code)
+    model.load_state_dict(weights, strict=False, assign=True)
+    model.tie_weights()
+    local = uri.removeprefix("file://") if uri.startswith("file://") else tempfile.mkdtemp(prefix="grpo-hf-")
+    model.to(getattr(torch, model_spec.dtype.value)).save_pretrained(local, safe_serialization=True)
+    load_tokenizer(model_spec).save_pretrained(local)
+    if not uri.startswith("file://"):
+        for name in os.listdir(local):
+            with open(os.path.join(local, name), "rb") as f:
+                storage.write_bytes(f"{uri}/{name}", f.read())

@@ -1,0 +1,93 @@
+"""Where a step's metrics go: console lines (verl-style), metrics.jsonl, TensorBoard, Prometheus,
+and progress.json (which the operator reads for status). Rank 0 only."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+
+from grpo_api.records import RunLayout
+from grpo_api.storage import Storage
+
+log = logging.getLogger("grpo.trainer")
+
+# Metric keys (verl names) exported to Prometheus as gauges `grpo_trainer_<key with / as _>`.
+PROMETHEUS_KEYS = (
+    "training/step", "training/epoch", "training/policy_version",
+    "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "critic/advantages/std",
+    "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac", "actor/pg_clipfrac_lower",
+    "actor/ppo_kl", "actor/grad_norm", "actor/lr",
+    "response_length/mean", "response_length/max", "response_length/clip_ratio",
+    "perf/throughput", "perf/mfu", "val/score",
+    "timing_s/rollout", "timing_s/reward", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor",
+    "timing_s/weight_sync", "timing_s/checkpoint", "timing_s/step",
+)
+
+
+def prometheus_name(key: str) -> str:
+    return "grpo_trainer_" + key.replace("/", "_")
+
+
+class MetricsLogger:
+    def __init__(self, loggers: list[str], layout: RunLayout, storage: Storage, *, job: str, namespace: str,
+                 metrics_port: int | None = None):
+        self.loggers = set(loggers)
+        self.layout, self.storage = layout, storage
+        self._jsonl_lines: list[str] = []
+        self._tb = None
+        self._gauges = {}
+        if "tensorboard" in self.loggers:
+            from torch.utils.tensorboard import SummaryWriter
+            local = layout.tensorboard.removeprefix("file://") if layout.root.startswith("file://") \
+                else tempfile.mkdtemp(prefix="grpo-tb-")
+            self._tb = SummaryWriter(local)
+        if "prometheus" in self.loggers or metrics_port:
+            from prometheus_client import Gauge, start_http_server
+            for key in PROMETHEUS_KEYS:
+                self._gauges[key] = Gauge(prometheus_name(key), f"verl metric {key}", ["job", "namespace"]).labels(
+                    job=job, namespace=namespace)
+            if metrics_port:
+                start_http_server(metrics_port)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if "console" in self.loggers:
+            shown = " - ".join(f"{k}:{_fmt(v)}" for k, v in sorted(metrics.items()))
+            log.info("step:%d - %s", step, shown)
+        if "jsonl" in self.loggers:
+            line = json.dumps({"step": step, "time": time.time(), **metrics})
+            self._jsonl_lines.append(line)
+            # Append by rewriting: object stores have no append; the file stays small (one line/step).
+            self.storage.write_bytes(self.layout.metrics, ("\n".join(self._jsonl_lines) + "\n").encode())
+        if self._tb is not None:
+            for k, v in metrics.items():
+                self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+        for k, g in self._gauges.items():
+            if k in metrics:
+                g.set(metrics[k])
+
+    def resume_from(self, step: int) -> None:
+        """Keep metrics.jsonl lines of steps up to `step` (a resumed run rewrites the rest)."""
+        if "jsonl" in self.loggers and self.storage.exists(self.layout.metrics):
+            lines = self.storage.read_bytes(self.layout.metrics).decode().splitlines()
+            self._jsonl_lines = [ln for ln in lines if ln and json.loads(ln).get("step", 0) <= step]
+
+    def write_progress(self, progress: dict) -> None:
+        self.storage.write_bytes(self.layout.progress, json.dumps(progress, indent=1).encode())
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def setup_logging(rank: int) -> None:
+    level = logging.INFO if rank == 0 else logging.WARNING
+    logging.basicConfig(level=level, format="[%(levelname)s] %(message)s", force=True)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -1,0 +1,123 @@
+"""Rank 0's side of rollout: write prompt shards, ask rollout servers to generate, re-dispatch
+what failed, and return the rollout shards that together cover every prompt exactly once.
+
+A worker that dies, times out or lags behind the policy version loses its shard to another
+worker (or to itself once it is back and re-synced). Output URIs carry the attempt number, so a
+late write of a failed attempt can never be mistaken for the accepted one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import grpc
+
+from grpo_api.proto import rollout_pb2 as pb
+from grpo_api.records import RunLayout
+from grpo_api.rpc import rollout_stub
+from grpo_api.storage import Storage
+
+log = logging.getLogger("grpo.trainer")
+
+
+@dataclass
+class ShardResult:
+    shard: str
+    worker: str
+    reply: pb.GenerateReply
+
+
+class RolloutDispatcher:
+    def __init__(self, *, discover: Callable[[], list[str]], token: str, layout: RunLayout, storage: Storage,
+                 timeout: float, ensure_version: Callable[[str, int], None], max_attempts: int = 6):
+        self.discover, self.token, self.layout, self.storage = discover, token, layout, storage
+        self.timeout, self.ensure_version, self.max_attempts = timeout, ensure_version, max_attempts
+        self._stubs: dict[str, object] = {}
+        self.redispatched = 0
+
+    def stub(self, address: str):
+        if address not in self._stubs:
+            self._stubs[address] = rollout_stub(address, self.token)
+        return self._stubs[address]
+
+    def workers(self, wait_seconds: float = 120.0) -> list[str]:
+        """Addresses of the rollout servers now; waits (bounded) while there are none."""
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            found = self.discover()
+            if found or time.monotonic() > deadline:
+                if not found:
+                    raise RuntimeError("no rollout server is reachable (check rollout.replicas and their logs)")
+                return found
+            time.sleep(1.0)
+
+    def generate(self, step: int, tag: str, shards: dict[str, bytes], sampling: pb.SamplingParams,
+                 version: int) -> list[ShardResult]:
+        """`shards` maps shard name -> prompt parquet bytes. Returns one result per shard."""
+        for name, data in shards.items():
+            self.storage.write_bytes(self.layout.prompt_shard(step, name), data)
+        pending = list(shards)
+        attempts = {name: 0 for name in shards}
+        done: dict[str, ShardResult] = {}
+        while pending:
+            workers = self.workers()
+            failed: list[str] = []
+            with ThreadPoolExecutor(max_workers=len(workers)) as pool:
+                futures = {}
+                for k, name in enumerate(pending):
+                    worker = workers[(k + attempts[name]) % len(workers)]  # a retry moves on
+                    attempts[name] += 1
+                    futures[name] = (worker, pool.submit(self._generate_one, worker, step, tag, name,
+                                                         attempts[name], sampling, version))
+                for name, (worker, fut) in futures.items():
+                    try:
+                        done[name] = ShardResult(name, worker, fut.result())
+                    except Exception as exc:  # noqa: BLE001 - any failure re-dispatches the shard
+                        detail = exc.details() if isinstance(exc, grpc.RpcError) else repr(exc)
+                        log.warning("rollout shard %s on %s failed (attempt %d): %s", name, worker,
+                                    attempts[name], detail)
+                        if attempts[name] >= self.max_attempts:
+                            raise RuntimeError(f"rollout shard {name} failed {attempts[name]} times; "
+                                               f"last error on {worker}: {detail}") from exc
+                        failed.append(name)
+                        self._stubs.pop(worker, None)
+            if failed:
+                self.redispatched += len(failed)
+                time.sleep(min(5.0, 0.5 * max(attempts[n] for n in failed)))
+            pending = failed
+        return [done[name] for name in shards]
+
+    def _generate_one(self, worker: str, step: int, tag: str, shard: str, attempt: int,
+                      sampling: pb.SamplingParams, version: int) -> pb.GenerateReply:
+        self.ensure_version(worker, version)
+        request = pb.GenerateRequest(
+            request_id=f"{tag}-{step}-{shard}-{attempt}",
+            prompt_uri=self.layout.prompt_shard(step, shard),
+            output_uri=self.layout.rollout_shard(step, f"{shard}-attempt-{attempt}"),
+            sampling=sampling, expected_policy_version=version, step=step, shard=shard)
+        return self.stub(worker).Generate(request, timeout=self.timeout)
+
+    def health(self, worker: str) -> pb.HealthReply:
+        return self.stub(worker).Health(pb.HealthRequest(), timeout=10)
+
+
+def static_or_dns_discovery(addresses: str) -> Callable[[], list[str]]:
+    """`host:port,host:port` is a fixed list; a single `dns:///name:port` entry is resolved every
+    call (a headless Service: one address per ready rollout pod, so scaling is followed)."""
+    if addresses.startswith("dns:///"):
+        import socket
+        host, port = addresses.removeprefix("dns:///").rsplit(":", 1)
+
+        def resolve() -> list[str]:
+            try:
+                infos = socket.getaddrinfo(host, int(port), proto=socket.IPPROTO_TCP)
+            except socket.gaierror:
+                return []
+            return sorted({f"{info[4][0]}:{port}" for info in infos})
+        return resolve
+    fixed = [a for a in addresses.split(",") if a]
+    return lambda: list(fixed)

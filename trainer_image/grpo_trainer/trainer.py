@@ -1,0 +1,355 @@
+"""The GRPO learner, run under torchrun: one `Trainer.train()` loop, steps of DESIGN.md §1.
+
+Rank 0 owns the data, talks to the rollout servers and writes progress; every rank holds an
+FSDP2 shard of the policy (and reference) and takes its share of every mini-batch. What rank 0
+decides reaches the others as JSON over a broadcast (nothing is pickled).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import torch.distributed as dist
+
+from grpo_api.proto import rollout_pb2 as pb
+from grpo_api.records import RunLayout
+from grpo_api.spec import GRPOJob
+from grpo_api.storage import Storage, job_root
+from grpo_trainer import actor, batch as batching, checkpoint
+from grpo_trainer.data import EpochSampler, PromptRow, load_prompts, prompt_shard_table
+from grpo_trainer.metrics import MetricsLogger, setup_logging
+from grpo_trainer.model import (build_optimizer, build_policy, build_reference, load_tokenizer,
+                                num_parameters)
+from grpo_trainer.rollout_client import RolloutDispatcher, static_or_dns_discovery
+from grpo_trainer.weight_sync import make_weight_sender
+
+log = logging.getLogger("grpo.trainer")
+
+# Dense bf16 peak FLOP/s for the MFU estimate; GRPO_PEAK_FLOPS overrides.
+_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}
+
+
+def broadcast_json(obj, device: torch.device):
+    """Rank 0's `obj` on every rank, as JSON bytes (never pickle)."""
+    if dist.get_world_size() == 1:
+        return obj
+    data = json.dumps(obj).encode() if dist.get_rank() == 0 else b""
+    size = torch.tensor([len(data)], dtype=torch.long, device=device)
+    dist.broadcast(size, 0)
+    buf = torch.zeros(int(size), dtype=torch.uint8, device=device)
+    if dist.get_rank() == 0:
+        buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    dist.broadcast(buf, 0)
+    return json.loads(bytes(buf.cpu().tolist()).decode())
+
+
+@dataclass
+class State:
+    step: int = 0
+    policy_version: int = 0
+    last_checkpoint: str | None = None
+    validation_score: float | None = None
+    reward_mean: float | None = None
+    history: list[float] = field(default_factory=list)
+
+
+class Trainer:
+    def __init__(self, job: GRPOJob, *, rollout_addresses: str, token: str, local: bool,
+                 metrics_port: int | None = None):
+        self.job, self.spec = job, job.spec
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        setup_logging(self.rank)
+        self.device = self._device()
+        torch.manual_seed(self.spec.trainer.seed)
+        self.storage = Storage(self.spec.storage)
+        self.layout = RunLayout(job_root(job, local=local))
+        self.tokenizer = load_tokenizer(self.spec.model)
+        self.state = State()
+        self.sampler: EpochSampler | None = None
+        if self.rank == 0:
+            self.train_rows = load_prompts(self.spec.data.train_files, self.spec.data, self.tokenizer, self.storage)
+            self.val_rows = (load_prompts(self.spec.data.val_files, self.spec.data, self.tokenizer, self.storage)
+                             if self.spec.data.val_files else None)
+            self.sampler = EpochSampler(len(self.train_rows.rows), self.spec.data.train_batch_size,
+                                        self.spec.data.seed, self.spec.data.shuffle)
+            if self.train_rows.filtered:
+                log.info("Filtered %d overlong prompts (data.filterOverlongPrompts)", self.train_rows.filtered)
+        batches_per_epoch = broadcast_json(self.sampler.batches_per_epoch if self.sampler else 0, self.device)
+        self.total_steps = self.spec.trainer.total_steps or self.spec.trainer.total_epochs * batches_per_epoch
+        self.steps_per_epoch = batches_per_epoch
+        self.model = build_policy(self.spec.model, self.device)
+        self.ref = (build_reference(self.spec.model, self.device, cpu_offload=self.spec.trainer.ref_cpu_offload)
+                    if self.spec.algorithm.use_kl_loss else None)
+        self.optimizer, self.scheduler = build_optimizer(self.model, self.spec.trainer, self.total_steps)
+        self.n_params = num_parameters(self.model)
+        self._resume()
+        self.dispatcher = self.sender = self.metrics = None
+        self._weights_cache: dict[str, torch.Tensor] | None = None
+        if self.rank == 0:
+            self.metrics = MetricsLogger(self.spec.trainer.loggers, self.layout, self.storage,
+                                         job=job.metadata.name, namespace=job.metadata.namespace,
+                                         metrics_port=metrics_port)
+            self.metrics.resume_from(self.state.step)
+            self.sender = make_weight_sender(self.spec.weight_sync, token=token, device=self.device)
+            self.dispatcher = RolloutDispatcher(
+                discover=static_or_dns_discovery(rollout_addresses), token=token, layout=self.layout,
+                storage=self.storage, timeout=self.spec.rollout.request_timeout_seconds,
+                ensure_version=self._ensure_worker_version)
+
+    # --- setup -------------------------------------------------------------------------------
+
+    def _device(self) -> torch.device:
+        want = self.spec.trainer.device
+        if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
+            local_rank = int(os.environ.get("LOCAL_RANK", 0))
+            torch.cuda.set_device(local_rank)
+            return torch.device("cuda", local_rank)
+        return torch.device("cpu")
+
+    def _resume(self) -> None:
+        uri = checkpoint.resolve_resume(self.spec.resume, self.layout, self.storage)
+        if uri is None:
+            return
+        extras = checkpoint.load(uri, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                                 storage=self.storage)
+        self.state.step, self.state.policy_version = extras["step"], extras["policy_version"]
+        self.state.last_checkpoint = uri
+        self.state.validation_score = extras.get("validation_score")
+        if self.sampler is not None:
+            self.sampler.load_state_dict(extras["sampler"])
+        log.info("Resumed from %s (step %d, policy version %d)", uri, self.state.step, self.state.policy_version)
+
+    # --- weights -----------------------------------------------------------------------------
+
+    def _gather_weights(self) -> dict[str, torch.Tensor] | None:
+        full = checkpoint.full_state_dict_for_export(self.model)   # collective on every rank
+        return full if self.rank == 0 else None
+
+    def _ensure_worker_version(self, worker: str, version: int) -> None:
+        """Bring a worker that missed a sync (restarted, or a new replica) to `version`."""
+        reply = self.dispatcher.health(worker)
+        if reply.ready and reply.policy_version == version:
+            return
+        if self._weights_cache is None:
+            if version == 0 and reply.ready:
+                return      # fresh worker at the initial weights, and so is the policy
+            raise RuntimeError(f"worker {worker} is at version {reply.policy_version}, no weights cached yet")
+        log.info("Re-syncing rollout worker %s from version %d to %d", worker, reply.policy_version, version)
+        self.sender.resync(worker, self._weights_cache.items(), version)
+
+    def _publish_weights(self, bump: bool = True) -> float:
+        start = time.perf_counter()
+        weights = self._gather_weights()
+        self.state.policy_version += int(bump)
+        if self.rank == 0:
+            self._weights_cache = weights
+            workers = self.dispatcher.workers()
+            self.sender.send(workers, weights.items(), self.state.policy_version)
+        return time.perf_counter() - start
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def train(self) -> None:
+        if self.rank == 0:
+            log.info("Starting GRPO training loop... (%d steps, %d per epoch, world size %d, %s)",
+                     self.total_steps, self.steps_per_epoch, self.world, self.device)
+        if self.state.step > 0:
+            # Rollout servers may hold the initial weights: the resumed policy goes out first.
+            self._publish_weights(bump=False)
+        if self.spec.trainer.val_before_train and self.state.step == 0 and self.spec.data.val_files:
+            self.validate()
+        while self.state.step < self.total_steps:
+            self.state.step += 1
+            metrics = self.train_step(self.state.step)
+            last = self.state.step == self.total_steps
+            freq = self.spec.trainer.test_freq
+            if self.spec.data.val_files and freq != -1 and (last or (freq > 0 and self.state.step % freq == 0)):
+                metrics["val/score"] = self.validate()
+            save = self.spec.trainer.save_freq
+            if last or (save > 0 and self.state.step % save == 0):
+                metrics["timing_s/checkpoint"] = self.save()
+            if self.rank == 0:
+                self.metrics.log(self.state.step, metrics)
+                self._write_progress(metrics)
+        if self.rank == 0:
+            self.export_final()
+            self.metrics.close()
+        dist.barrier()
+
+    def _sample_batch(self) -> tuple[int, list[PromptRow]]:
+        epoch, indices = self.sampler.next_batch()
+        return epoch, [self.train_rows.rows[i] for i in indices]
+
+    def _dispatch(self, step: int, tag: str, epoch: int, rows: list[PromptRow], *, n: int,
+                  temperature: float) -> list[str]:
+        """Rank 0: prompt shards out, rollout shard URIs back (one shard per worker)."""
+        workers = self.dispatcher.workers()
+        per = -(-len(rows) // len(workers))
+        shards = {}
+        for k in range(0, len(rows), per):
+            table = prompt_shard_table(rows[k:k + per], epoch, first_index=k)
+            sink = io.BytesIO()
+            pq.write_table(table, sink)
+            shards[f"{tag}-shard-{k // per:03d}"] = sink.getvalue()
+        r = self.spec.rollout
+        sampling = pb.SamplingParams(n=n, max_tokens=self.spec.data.max_response_length, temperature=temperature,
+                                     top_p=r.top_p, top_k=r.top_k, seed=r.seed * 1_000_003 + step)
+        results = self.dispatcher.generate(step, tag, shards, sampling, self.state.policy_version)
+        return [res.reply.rollout_uri for res in results]
+
+    def _read_rollouts(self, uris: list[str]) -> list[batching.Sample]:
+        table = pa.concat_tables([self.storage.read_table(u) for u in uris])
+        return batching.samples_from_table(table)
+
+    def train_step(self, step: int) -> dict[str, float]:
+        spec, t = self.spec, {}
+        t0 = time.perf_counter()
+        # 1-2: rollouts (rank 0 dispatches; the others wait for the shard list)
+        plan = None
+        if self.rank == 0:
+            try:
+                epoch, rows = self._sample_batch()
+                log.info("Epoch %d / %d, Step %d: Generating rollouts for %d prompts...", epoch,
+                         spec.trainer.total_epochs, step, len(rows))
+                uris = self._dispatch(step, "train", epoch, rows, n=spec.rollout.n,
+                                      temperature=spec.rollout.temperature)
+                plan = {"uris": uris, "epoch": epoch, "prompts": len(rows)}
+            except Exception as exc:  # noqa: BLE001 - tell the other ranks before failing
+                broadcast_json({"error": repr(exc)}, self.device)
+                raise
+        plan = broadcast_json(plan, self.device)
+        if "error" in plan:
+            raise RuntimeError(f"rank 0 failed: {plan['error']}")
+        t["timing_s/rollout"] = time.perf_counter() - t0
+        samples = self._read_rollouts(plan["uris"])
+        batching.check_complete(samples, plan["prompts"], spec.rollout.n)
+        if self.rank == 0:
+            log.info("Got %d responses (%d×%d), computing rewards...", len(samples), plan["prompts"], spec.rollout.n)
+            log.info("Computing group-relative advantages...")
+        # 3: advantages over the whole batch, then this rank's micro-batches
+        advantages = batching.advantages_per_sample(samples, spec.algorithm.adv_estimator.value,
+                                                    norm_adv_by_std=spec.algorithm.norm_adv_by_std,
+                                                    gamma=spec.algorithm.gamma)
+        minibatches = self._micro_batches(samples, advantages)
+        flat = [mb for mbs in minibatches for mb in mbs]
+        t1 = time.perf_counter()
+        old_logp = {}
+        if spec.trainer.ppo_epochs > 1 or len(minibatches) > 1:   # off-policy updates need them
+            self.model.eval()
+            old_logp = dict(zip(map(id, flat), actor.compute_logprobs(self.model, flat, spec.rollout.temperature)))
+        t["timing_s/old_log_prob"] = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        ref_logp = (dict(zip(map(id, flat), actor.compute_logprobs(self.ref, flat, spec.rollout.temperature)))
+                    if self.ref is not None else None)
+        t["timing_s/ref"] = time.perf_counter() - t2
+        if self.rank == 0:
+            log.info("Updating actor model...")
+        t3 = time.perf_counter()
+        result = actor.update_policy(self.model, self.optimizer, self.scheduler, spec, minibatches, old_logp,
+                                     ref_logp, self.world, self.device)
+        t["timing_s/update_actor"] = time.perf_counter() - t3
+        # 4: new weights to every rollout worker
+        t["timing_s/weight_sync"] = self._publish_weights()
+        t["timing_s/step"] = time.perf_counter() - t0
+        return {**self._step_metrics(samples, advantages, plan, result, t), **result.metrics, **t}
+
+    def _micro_batches(self, samples, advantages) -> list[list[batching.MicroBatch]]:
+        spec, n = self.spec, self.spec.rollout.n
+        per_mini = spec.trainer.mini_batch_size * n
+        out = []
+        for start in range(0, len(samples), per_mini):
+            share = batching.rank_share(list(range(start, start + per_mini)), self.rank, self.world)
+            groups = batching.micro_batches(share, samples, max_count=spec.trainer.micro_batch_size_per_gpu,
+                                            max_tokens=spec.trainer.max_tokens_per_gpu)
+            out.append([batching.collate(g, samples, advantages, self.tokenizer.pad_token_id, self.device)
+                        for g in groups])
+        return out
+
+    def _step_metrics(self, samples, advantages, plan, result, t) -> dict[str, float]:
+        rewards = [s.reward for s in samples]
+        lengths = [len(s.response_ids) for s in samples]
+        adv = torch.cat(advantages)
+        tokens = sum(s.length for s in samples)
+        self.state.reward_mean = statistics.fmean(rewards)
+        m = {
+            "training/step": self.state.step, "training/epoch": plan["epoch"],
+            "training/policy_version": self.state.policy_version,
+            "critic/score/mean": self.state.reward_mean, "critic/rewards/mean": self.state.reward_mean,
+            "critic/score/max": max(rewards), "critic/score/min": min(rewards),
+            "critic/advantages/mean": float(adv.mean()), "critic/advantages/std": float(adv.std()) if len(adv) > 1 else 0.0,
+            "response_length/mean": statistics.fmean(lengths), "response_length/max": max(lengths),
+            "response_length/clip_ratio": sum(s.finish_reason == "length" for s in samples) / len(samples),
+            "prompt_length/mean": statistics.fmean(len(s.prompt_ids) for s in samples),
+            "perf/total_num_tokens": tokens,
+            "perf/throughput": tokens / t["timing_s/step"] / self.world,
+        }
+        if self.dispatcher is not None:
+            m["rollout/redispatched_shards"] = self.dispatcher.redispatched
+        peak = self._peak_flops()
+        if peak:
+            train_time = t["timing_s/update_actor"] + t["timing_s/ref"] + t["timing_s/old_log_prob"]
+            passes = 3 * self.spec.trainer.ppo_epochs + (1 if self.ref is not None else 0) + \
+                (1 if t["timing_s/old_log_prob"] > 0 else 0)
+            m["perf/mfu"] = 2 * self.n_params * tokens * passes / train_time / (peak * self.world)
+        return m
+
+    def _peak_flops(self) -> float | None:
+        if "GRPO_PEAK_FLOPS" in os.environ:
+            return float(os.environ["GRPO_PEAK_FLOPS"])
+        if self.device.type != "cuda":
+            return None
+        name = torch.cuda.get_device_name(self.device)
+        return next((v for k, v in _PEAK_FLOPS.items() if k in name), None)
+
+    # --- validation, checkpoints, export --------------------------------------------------------
+
+    def validate(self) -> float | None:
+        score = None
+        if self.rank == 0 and self.val_rows is not None:
+            rows = self.val_rows.rows
+            uris = self._dispatch(self.state.step, "val", 0, rows, n=1, temperature=self.spec.rollout.val_temperature)
+            samples = self._read_rollouts(uris)
+            score = statistics.fmean(s.reward for s in samples)
+            epoch = self.sampler.epoch if self.sampler else 0
+            log.info("Validation accuracy: %.1f%% (epoch %d)", 100 * score, epoch)
+            self.state.validation_score = score
+        dist.barrier()
+        return score
+
+    def save(self) -> float:
+        start = time.perf_counter()
+        uri = self.layout.checkpoint(self.state.step)
+        state = {"step": self.state.step, "policy_version": self.state.policy_version,
+                 "sampler": broadcast_json(self.sampler.state_dict() if self.sampler else None, self.device),
+                 "validation_score": self.state.validation_score,
+                 "model": self.spec.model.model_dump(mode="json", by_alias=True)}
+        checkpoint.save(uri, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                        trainer_state=state, storage=self.storage, keep=self.spec.trainer.keep_checkpoints,
+                        layout=self.layout)
+        self.state.last_checkpoint = uri
+        if self.rank == 0:
+            log.info("Saved checkpoint to %s", uri)
+        return time.perf_counter() - start
+
+    def export_final(self) -> None:
+        from grpo_trainer.export import save_hf
+        uri = self.layout.hf_export(self.state.step)
+        save_hf(self._weights_cache, self.spec.model, uri, self.storage)
+        log.info("Exported the final policy to %s", uri)
+
+    def _write_progress(self, metrics: dict[str, float]) -> None:
+        self.metrics.write_progress({
+            "step": self.state.step, "totalSteps": self.total_steps, "epoch": metrics.get("training/epoch", 0),
+            "policyVersion": self.state.policy_version, "rewardMean": self.state.reward_mean,
+            "validationScore": self.state.validation_score, "lastCheckpoint": self.state.last_checkpoint,
+            "tokensPerSecond": metrics.get("perf/throughput"), "updatedAt": time.time(),
+        })
