@@ -435,6 +435,13 @@ def _budget_fits_sequence(s: GRPOJobSpec) -> str | None:
     return None
 
 
+def _gspo_needs_seq_mean(s: GRPOJobSpec) -> str | None:
+    if s.algorithm.policy_loss == "gspo" and s.algorithm.loss_agg_mode != "seq-mean-token-mean":
+        return (f"must be seq-mean-token-mean with policyLoss gspo: GSPO's objective is a mean over "
+                f"sequences (got {s.algorithm.loss_agg_mode})")
+    return None
+
+
 _GROUP_LIST = "[" + ", ".join(f"'{e}'" for e in GROUP_ESTIMATORS) + "]"
 
 CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
@@ -470,6 +477,11 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         "self.trainer.maxTokensPerGPU >= self.data.maxPromptLength + self.data.maxResponseLength",
         "trainer.maxTokensPerGPU must be >= data.maxPromptLength + data.maxResponseLength",
         _budget_fits_sequence),
+    CrossFieldRule(
+        "algorithm.lossAggMode",
+        "self.algorithm.policyLoss != 'gspo' || self.algorithm.lossAggMode == 'seq-mean-token-mean'",
+        "algorithm.lossAggMode must be seq-mean-token-mean with policyLoss gspo",
+        _gspo_needs_seq_mean),
 )
 
 # Fields a running job may change; the CRD refuses changes to the rest (CEL transition rules).

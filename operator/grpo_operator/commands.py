@@ -20,3 +20,20 @@ def run(argv: list[str]) -> int:
     except (JobError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def report(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="grpo report", description="Plot a run's metrics (PNG) and summarise it.")
+    parser.add_argument("run_dir", help="run directory, e.g. outputs/<project>/<experiment>")
+    parser.add_argument("--out", default=None, help="output folder (default RUN_DIR/report)")
+    args = parser.parse_args(argv)
+    from pathlib import Path
+    from grpo_operator.report import write_report
+    try:
+        written = write_report(Path(args.run_dir), Path(args.out) if args.out else None)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print((written[-1]).read_text(), end="")
+    print(f"Wrote {len(written)} files to {written[-1].parent}")
+    return 0

@@ -38,6 +38,8 @@ def trainer(argv: list[str]) -> int:
         except (DataError, FileNotFoundError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        import signal
+        signal.signal(signal.SIGTERM, lambda *_: t.request_stop())
         t.train()
     finally:
         dist.destroy_process_group()

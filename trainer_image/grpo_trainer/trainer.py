@@ -168,6 +168,10 @@ class Trainer:
         if self.spec.trainer.val_before_train and self.state.step == 0 and self.spec.data.val_files:
             self.validate()
         while self.state.step < self.total_steps:
+            if self._stop_requested():
+                self.save()
+                log.warning("Stopping on SIGTERM after a checkpoint at step %d", self.state.step)
+                raise SystemExit(143)
             self.state.step += 1
             metrics = self.train_step(self.state.step)
             last = self.state.step == self.total_steps
@@ -184,6 +188,16 @@ class Trainer:
             self.export_final()
             self.metrics.close()
         dist.barrier()
+
+    def request_stop(self) -> None:
+        """From a SIGTERM handler: checkpoint at the next step boundary, then exit (suspend,
+        preemption, Ctrl-C of `grpo run`)."""
+        self._stop = True
+
+    def _stop_requested(self) -> bool:
+        flag = torch.tensor([1.0 if getattr(self, "_stop", False) else 0.0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)   # every rank stops at the same step
+        return bool(flag.item())
 
     def _sample_batch(self) -> tuple[int, list[PromptRow]]:
         epoch, indices = self.sampler.next_batch()

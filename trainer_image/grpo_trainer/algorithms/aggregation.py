@@ -117,7 +117,7 @@ def aggregate_loss(
     if denominator is None:
         den = _denominator(response_mask, mode, scale_factor).to(device=numerator.device, dtype=numerator.dtype)
         return numerator * dp_size / torch.where(den > 0, den, torch.ones_like(den))
-    return numerator * (1 / (denominator if denominator > 0 else 1.0))
+    return numerator * (dp_size / (denominator if denominator > 0 else 1.0))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
