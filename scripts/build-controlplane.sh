@@ -19,12 +19,12 @@ stamp=$(cat "${stamp_inputs[@]}" | sha256sum | cut -d' ' -f1)
 binaries=(etcd kube-apiserver kube-controller-manager helm)
 
 all_present() { for b in "${binaries[@]}"; do [ -x "$bin/$b" ] || return 1; done; }
-if [ "${1:-}" != --force ] && all_present && [ "$(cat "$bin/.stamp" 2>/dev/null)" = "$stamp" ]; then
+if [ "${1:-}" != --force ] && all_present && [ "$(cat "$bin/.controlplane.stamp" 2>/dev/null)" = "$stamp" ]; then
   echo "control plane binaries up to date in $bin"
   exit 0
 fi
 mkdir -p "$bin"
-rm -f "$bin/.stamp"   # written again only when every build has succeeded
+rm -f "$bin/.controlplane.stamp"   # written again only when every build has succeeded
 
 # -mod=mod: the committed go.sum is used, missing sums are filled in rather than refused.
 # CGO off gives static binaries, as the upstream release builds do. -pgo=off skips the
@@ -64,5 +64,5 @@ for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
 done
 timed helm env GOFLAGS= GOBIN="$bin" go install "${buildflags[@]}" -ldflags "-s -w $hv" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 
-echo "$stamp" > "$bin/.stamp"
+echo "$stamp" > "$bin/.controlplane.stamp"
 echo "== control plane built in $((SECONDS - t_all))s into $bin"

@@ -1,2 +1,86 @@
 """Shared fixtures. Tests that need a real server (Kubernetes control plane, S3) get it from a
 session fixture; see tests/controlplane and tests/rollout."""
+
+import os
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- S3 (marker `s3`) -------------------------------------------------------------------------
+
+def s3_binary() -> Path:
+    cache = Path(os.environ.get("GRPO_CACHE", Path.home() / ".cache" / "grpo-operator"))
+    return cache / "bin" / "versitygw"
+
+
+@dataclass(frozen=True)
+class S3Server:
+    endpoint: str          # http://127.0.0.1:PORT
+    access_key: str
+    secret_key: str
+    bucket: str
+    region: str = "us-east-1"
+
+    def env(self) -> dict[str, str]:
+        """What a pod gets from spec.storage.secretRef."""
+        return {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3-compatible server (versitygw, posix backend) on loopback with one empty bucket.
+    Built by scripts/build-s3.sh; without it the tests skip, unless GRPO_REQUIRE_S3 is set (CI):
+    then it's an error."""
+    binary = s3_binary()
+    if not os.access(binary, os.X_OK):
+        msg = f"{binary} not built; run scripts/build-s3.sh"
+        if os.environ.get("GRPO_REQUIRE_S3"):
+            pytest.fail(f"{msg} (GRPO_REQUIRE_S3 is set)", pytrace=False)
+        pytest.skip(msg)
+    root = tmp_path_factory.mktemp("s3")
+    (root / "data").mkdir()
+    (root / "iam").mkdir()
+    port = free_port()
+    server = S3Server(endpoint=f"http://127.0.0.1:{port}", access_key="grpo-test",
+                      secret_key="grpo-test-secret-0123456789", bucket="grpo-runs")
+    log = open(root / "versitygw.log", "wb")
+    proc = subprocess.Popen(
+        [str(binary), "--access", server.access_key, "--secret", server.secret_key, "--port", f"127.0.0.1:{port}",
+         "--iam-dir", str(root / "iam"), "--quiet", "posix", str(root / "data")],
+        stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"versitygw exited with {proc.returncode}: {(root / 'versitygw.log').read_text()}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail("versitygw did not listen within 30s")
+                time.sleep(0.1)
+        import pyarrow.fs as pafs
+        admin = pafs.S3FileSystem(access_key=server.access_key, secret_key=server.secret_key, region=server.region,
+                                  endpoint_override=f"127.0.0.1:{port}", scheme="http", allow_bucket_creation=True)
+        admin.create_dir(server.bucket)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()

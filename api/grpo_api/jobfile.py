@@ -144,9 +144,22 @@ def load_job(path: str | Path, overrides: list[str] = ()) -> GRPOJob:
     return parse_job(doc, overrides, str(path))
 
 
+class _K8sDumper(yaml.SafeDumper):
+    """Quotes strings that YAML 1.1 parsers (kubectl's) read as booleans: `n`, `y`, `on`..."""
+
+
+_YAML11_BOOLS = {"y", "Y", "n", "N", "yes", "Yes", "YES", "no", "No", "NO", "on", "On", "ON", "off", "Off", "OFF"}
+_K8sDumper.add_representer(str, lambda d, v: d.represent_scalar(
+    "tag:yaml.org,2002:str", v, style="'" if v in _YAML11_BOOLS else None))
+
+
+def k8s_yaml(obj) -> str:
+    return yaml.dump(obj, Dumper=_K8sDumper, sort_keys=False, width=100)
+
+
 def dump_job(job: GRPOJob) -> str:
     """The resolved job as YAML (camelCase, defaults filled in): what the pods read."""
-    return yaml.safe_dump(job.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)
+    return k8s_yaml(job.model_dump(mode="json", by_alias=True, exclude_none=True))
 
 
 def spec_from_yaml(text: str) -> GRPOJobSpec:

@@ -88,6 +88,9 @@ class HFEngine(Engine):
                           num_parameters=sum(p.numel() for p in self.model.parameters()),
                           capacity=self._max_batch)
 
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
     @torch.inference_mode()
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[Sample]]:
         if any(len(p) == 0 for p in prompt_ids):
@@ -131,10 +134,7 @@ class HFEngine(Engine):
         return samples
 
     def _hit_stop(self, token_ids: list[int], stop: tuple[str, ...]) -> bool:
-        if not stop:
-            return False
-        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        return any(s in text for s in stop)
+        return bool(stop) and any(s in self.decode(token_ids) for s in stop)
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -20,7 +20,7 @@ from .cluster import ControlPlane, default_bin_dir, missing_binaries
 def control_plane():
     missing = missing_binaries()
     if missing:
-        msg = f"control plane binaries {missing} not in {default_bin_dir()}; run scripts/build-controlplane.sh"
+        msg = f"control plane {missing} not in {default_bin_dir()}; run scripts/build-controlplane.sh"
         if os.environ.get("GRPO_REQUIRE_CONTROLPLANE"):
             pytest.fail(f"{msg} (GRPO_REQUIRE_CONTROLPLANE is set)", pytrace=False)
         pytest.skip(msg)

@@ -34,8 +34,11 @@ def eventually(check, timeout=60.0, interval=0.5, what="condition"):
 
 
 def kubectl(kubectl_bin, control_plane, *args, check=True):
-    return subprocess.run([kubectl_bin, "--kubeconfig", str(control_plane.kubeconfig), *args],
-                          capture_output=True, text=True, check=check, timeout=120)
+    r = subprocess.run([kubectl_bin, "--kubeconfig", str(control_plane.kubeconfig), *args],
+                       capture_output=True, text=True, timeout=120)
+    if check and r.returncode:
+        pytest.fail(f"kubectl {' '.join(args)} failed ({r.returncode}):\n{r.stderr}", pytrace=False)
+    return r
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +59,7 @@ def valid_grpojob(name: str) -> dict:
     else:
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GRPOJob",
                 "spec": {"model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"},
-                         "data": {"trainFiles": ["file:///data/train.parquet"], "trainBatchSize": 4}}}
+                         "data": {"trainFiles": ["file:///data/train.parquet"]}}}
     body["metadata"] = {"name": name}
     return body
 
@@ -72,6 +75,12 @@ def test_crd_applies_and_kubectl_explains_it(grpojob_crd, control_plane, kubectl
                                      check=False).stdout, what="kubectl explain grpojob.spec")
     for field in ("model", "data", "algorithm", "rollout", "trainer"):
         assert field in out
+
+
+@pytest.mark.parametrize("example", sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_apply_with_kubectl(grpojob_crd, control_plane, kubectl_bin, namespace, example):
+    # kubectl reads YAML as YAML 1.1, unlike Python: an unquoted key like `n` becomes `false`.
+    kubectl(kubectl_bin, control_plane, "apply", "--dry-run=server", "-n", namespace, "-f", str(example))
 
 
 def test_grpojob_round_trips(grpojob_crd, admin_client, namespace):
@@ -136,7 +145,8 @@ def test_garbage_collector_deletes_dependents(admin_client, namespace):
 def test_service_account_without_rbac_is_forbidden(control_plane, admin_client, namespace):
     core = client.CoreV1Api(admin_client)
     core.create_namespaced_service_account(namespace, {"metadata": {"name": "nobody"}})
-    sa = config.new_client_from_config(config_file=str(control_plane.kubeconfig_for_service_account(namespace, "nobody")))
+    minted = control_plane.kubeconfig_for_service_account(namespace, "nobody")
+    sa = config.new_client_from_config(config_file=str(minted))
     try:
         with pytest.raises(ApiException) as denied:
             client.CoreV1Api(sa).list_namespaced_config_map(namespace)

@@ -1,0 +1,649 @@
+"""`grpo from-verl`: a verl launch command or config, translated into the GRPOJob that trains the same.
+
+`RULES` is the one table of what every verl key becomes; docs/MIGRATING_FROM_VERL.md shows it
+(`grpo from-verl --markdown-table` prints it, and a test fails when the two drift). A rule is:
+
+- `Map`: the key sets a GRPOJob field, through an optional converter that can refuse a value
+  (`algorithm.adv_estimator=gae`) or warn. `absent` is verl's default, written when the input
+  leaves the key out and verl's default differs from ours: the job is the one verl would run.
+- `Ignore`: the key has no meaning here (verl performance and infrastructure knobs); a warning.
+- `Refuse`: a feature this operator doesn't have; an error unless the value is one of the `ok`
+  values that mean "off" (`reward_model.enable=False` is accepted silently).
+
+A key no rule names is a warning (verl would refuse a misspelled key; we say what we skipped).
+Everything is validated with the GRPOJob model at the end; its errors name the verl key too.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import yaml
+
+from grpo_api.jobfile import JobError, parse_job
+from grpo_api.spec import API_GROUP, API_VERSION, KIND, GRPOJob, GRPOJobSpec
+from grpo_api.verl_command import VerlConfig
+
+MISSING: Any = object()
+SKIP: Any = object()
+
+
+class Unsupported(ValueError):
+    """The value needs a feature this operator doesn't have."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    verl: str                      # dotted verl key, or a prefix ending in ".*"
+    kind: str                      # map | check | ignore | refuse
+    field: str | None = None       # GRPOJob path under spec (camelCase), or "metadata.name"
+    note: str = ""
+    convert: Callable[[Any, "_Ctx"], Any] | None = None
+    absent: Any = MISSING
+    ok: tuple = ()
+
+
+def Map(verl: str, field: str, note: str = "", convert=None, absent: Any = MISSING) -> Rule:
+    return Rule(verl, "map", field, note, convert, absent)
+
+
+def Check(verl: str, note: str, convert) -> Rule:
+    """A key that sets nothing itself but is read: its converter warns or refuses."""
+    return Rule(verl, "check", None, note, convert)
+
+
+def Ignore(verl: str, note: str) -> Rule:
+    return Rule(verl, "ignore", note=note)
+
+
+def Refuse(verl: str, note: str, ok: tuple = ()) -> Rule:
+    return Rule(verl, "refuse", note=note, ok=ok)
+
+
+class _Ctx:
+    """What a converter sees: the whole verl config, the key at hand, and a way to warn."""
+
+    def __init__(self, flat: dict[str, Any], expand_env: bool):
+        self.flat = flat
+        self.expand_env = expand_env
+        self.key = self.shown = ""
+        self.absent = False
+        self.warnings: list[str] = []
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.flat.get(key, default)
+        return default if value is None else value
+
+    def has(self, key: str) -> bool:
+        return self.flat.get(key) is not None
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(f"{self.shown}: {message}")
+
+
+# --- converters ---------------------------------------------------------------------------------
+
+def _choice(allowed: dict[str, str], refused: dict[str, str] = {}, what: str = "value"):  # noqa: B006
+    def convert(value, ctx):
+        text = str(value)
+        if text in allowed:
+            return allowed[text]
+        if text in refused:
+            raise Unsupported(refused[text])
+        raise Unsupported(f"{text!r} is not a {what} here; supported: {', '.join(sorted(set(allowed)))}")
+    return convert
+
+
+def _uri(path: str, ctx) -> str:
+    scheme = path.split("://", 1)[0] if "://" in path else ""
+    if scheme in ("file", "s3", "builtin"):
+        return path
+    if scheme:
+        raise Unsupported(f"{path}: {scheme}:// is not a storage scheme here; copy the file to s3:// or a "
+                          f"local path (file://)")
+    if path.startswith("~"):
+        if ctx.expand_env:
+            path = os.path.expanduser(path)
+        else:
+            ctx.warn(f"{path}: ~ is left as written; pass --expand-env or write the full path")
+    return "file://" + path
+
+
+def _files(value, ctx):
+    if value in ("", []):
+        return SKIP
+    return [_uri(str(p), ctx) for p in (value if isinstance(value, list) else [value])]
+
+
+def _dns_name(value, ctx):
+    name = re.sub(r"[^a-z0-9-]+", "-", str(value).lower())
+    name = re.sub(r"-+", "-", name).strip("-")[:50].rstrip("-")
+    return name or "grpojob"
+
+
+def _freq(value, ctx):
+    return -1 if value is None or int(value) <= 0 else int(value)    # verl: <= 0 means never
+
+
+def _unless(other: str):
+    def convert(value, ctx):
+        return SKIP if ctx.has(other) else value
+    return convert
+
+
+def _mini_batch(value, ctx):
+    prompts = ctx.get("data.train_batch_size", 1024)
+    if ctx.absent and value > prompts:
+        # verl refuses this; the tutorial's command relies on it. One update per batch is the
+        # closest meaning: GRPO on fully on-policy data.
+        ctx.warn(f"exceeds data.train_batch_size={prompts} (verl would refuse this); used {prompts}: one "
+                 f"optimizer step per batch")
+        return prompts
+    return value
+
+
+def _micro_from_global(value, ctx):
+    if ctx.has("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"):
+        return SKIP
+    gpus = ctx.get("trainer.nnodes", 1) * ctx.get("trainer.n_gpus_per_node", 8)
+    return max(1, int(value) // gpus)
+
+
+def _token_budget(value, ctx):
+    if not ctx.get("actor_rollout_ref.actor.use_dynamic_bsz", False):
+        ctx.warn("ignored, as verl ignores it without actor_rollout_ref.actor.use_dynamic_bsz=True")
+        return SKIP
+    return value
+
+
+def _dynamic_bsz(value, ctx):
+    if value and not ctx.has("actor_rollout_ref.actor.ppo_max_token_len_per_gpu"):
+        return 16384                                   # verl's ppo_max_token_len_per_gpu default
+    return SKIP
+
+
+def _val_temperature(value, ctx):
+    if not ctx.get("actor_rollout_ref.rollout.val_kwargs.do_sample", False):
+        return 0.0                                     # verl validates greedily unless do_sample
+    return value
+
+
+def _do_sample(value, ctx):
+    return SKIP if value else 0.0
+
+
+def _only_if(expected, message: str):
+    def convert(value, ctx):
+        if value != expected:
+            ctx.warn(message)
+        return SKIP
+    return convert
+
+
+def _warmup_steps(value, ctx):
+    return SKIP if value is None or value < 0 else value          # verl: -1 = use the ratio
+
+
+def _warmup_ratio(value, ctx):
+    if not value or ctx.get("actor_rollout_ref.actor.optim.lr_warmup_steps", -1) >= 0:
+        return SKIP
+    raise Unsupported("a warmup ratio needs the run's total steps, which depend on the dataset size; set "
+                      "actor_rollout_ref.actor.optim.lr_warmup_steps=N instead (N = ratio x total steps)")
+
+
+def _default_only(default, message: str):
+    def convert(value, ctx):
+        if value is not None and value != default:
+            raise Unsupported(message)
+        return SKIP
+    return convert
+
+
+_TRACKERS = ("wandb", "swanlab", "mlflow", "vemlp_wandb", "tensorboard", "clearml", "trackio")
+
+
+def _loggers(value, ctx):
+    names = value if isinstance(value, list) else [value]
+    out, dropped = [], []
+    for name in map(str, names):
+        if name == "console":
+            mapped = "console"
+        elif name == "file":
+            mapped = "jsonl"                           # verl's file logger writes JSON lines
+        elif name in _TRACKERS:
+            mapped = "tensorboard"
+            if name != "tensorboard":
+                dropped.append(name)
+        else:
+            raise Unsupported(f"logger {name!r} is unknown; loggers here: console, jsonl, tensorboard, prometheus")
+        if mapped not in out:
+            out.append(mapped)
+    if dropped:
+        ctx.warn(f"{', '.join(dropped)} is not supported here; metrics go to tensorboard instead (and to "
+                 f"Prometheus with the prometheus logger)")
+    return out
+
+
+def _reward_function(value, ctx):
+    if not value:
+        return SKIP
+    return f"{value}:{ctx.get('custom_reward_function.name', 'compute_score')}"
+
+
+def _reward_name(value, ctx):
+    if not ctx.has("custom_reward_function.path") and value != "compute_score":
+        ctx.warn("ignored without custom_reward_function.path")
+    return SKIP
+
+
+def _max_resp_len(value, ctx):
+    length = ctx.get("data.max_response_length", 512)
+    if value != length:
+        ctx.warn(f"the overlong buffer ends at data.max_response_length ({length}) here")
+    return SKIP
+
+
+_DTYPE = _choice({"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
+                  "half": "float16", "float32": "float32", "fp32": "float32", "float": "float32"}, what="dtype")
+_ESTIMATORS = {e: e for e in ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo")}
+_CRITIC = "there is no critic here (GRPO-family estimators need none)"
+_VLLM_KNOB = "a vLLM engine setting verl passes through; the rollout servers manage their own"
+_OFFLOAD = "FSDP2 offload/sharding tuning of verl's workers; the trainer shards with FSDP2 on its own terms"
+_MICRO_LOGPROB = ("log-prob micro-batching of verl's workers; log-probs here use trainer.microBatchSizePerGPU / "
+                  "maxTokensPerGPU")
+_SPEED = "a verl kernel/speed setting with no effect on the result; not needed here"
+
+# fmt: off
+RULES: tuple[Rule, ...] = (
+    # algorithm
+    Map("algorithm.adv_estimator", "algorithm.advEstimator", "grpo, rloo, reinforce_plus_plus(_baseline), opo; "
+        "gae is an error", _choice(_ESTIMATORS, {"gae": "gae (PPO) needs a critic, which this operator doesn't "
+        "train; use grpo (or rloo, reinforce_plus_plus)", "remax": "remax is not supported; use rloo or grpo"},
+        "advantage estimator"), absent="gae"),
+    Map("algorithm.norm_adv_by_std_in_grpo", "algorithm.normAdvByStd", "false + seq-mean-token-sum-norm = Dr.GRPO"),
+    Map("algorithm.gamma", "algorithm.gamma"),
+    Map("algorithm.filter_groups.enable", "algorithm.filterGroups", "DAPO dynamic sampling"),
+    Ignore("algorithm.filter_groups.*", "groups are filtered on the sample reward; no regeneration rounds"),
+    Refuse("algorithm.use_kl_in_reward", "a KL penalty in the reward is not supported; use "
+           "actor_rollout_ref.actor.use_kl_loss=True (the GRPO way)", ok=(False,)),
+    Ignore("algorithm.kl_ctrl.*", "only used with use_kl_in_reward, which is off"),
+    Ignore("algorithm.kl_penalty", "only used with use_kl_in_reward, which is off"),
+    Ignore("algorithm.lam", "GAE's lambda; no GAE here"),
+    Refuse("algorithm.use_pf_ppo", "preference-feedback PPO reweighting is not supported", ok=(False,)),
+    Ignore("algorithm.pf_ppo.*", "only used with use_pf_ppo, which is off"),
+    Ignore("algorithm.rollout_correction.*", "rollout importance-sampling correction is built in for stale "
+           "rollouts (rollout.maxStaleness)"),
+    # data
+    Map("data.train_files", "data.trainFiles", "a path or a list; local paths become file:// URIs", _files),
+    Map("data.val_files", "data.valFiles", "as train_files", _files),
+    Map("data.prompt_key", "data.promptKey"),
+    Map("data.train_batch_size", "data.trainBatchSize", "prompts per step (same unit)"),
+    Map("data.val_batch_size", "data.valBatchSize"),
+    Map("data.max_prompt_length", "data.maxPromptLength"),
+    Map("data.max_response_length", "data.maxResponseLength"),
+    Map("data.filter_overlong_prompts", "data.filterOverlongPrompts"),
+    Map("data.truncation", "data.truncation", "error, left, right (middle is an error)",
+        _choice({"error": "error", "left": "left", "right": "right"}, what="truncation mode")),
+    Map("data.shuffle", "data.shuffle"),
+    Map("data.seed", "data.seed"),
+    Refuse("data.reward_fn_key", "rewards dispatch on data_source here", ok=("data_source",)),
+    Refuse("data.custom_cls.path", "custom dataset classes are not supported; write verl-layout parquet",
+           ok=(None,)),
+    Ignore("data.custom_cls.*", "only used with data.custom_cls.path"),
+    Refuse("data.sampler.class_path", "custom samplers are not supported (the sampler is seeded and "
+           "epoch-aware)", ok=(None,)),
+    Ignore("data.sampler.*", "only used with data.sampler.class_path"),
+    Refuse("data.datagen.path", "dynamic data generation is not supported", ok=(None,)),
+    Ignore("data.datagen.*", "only used with data.datagen.path"),
+    Refuse("data.apply_chat_template_kwargs.*", "chat-template arguments (e.g. enable_thinking) are not "
+           "supported: prompts use the model's chat template as is", ok=({},)),
+    Ignore("data.gen_batch_size", "DAPO's generation batch: each step samples data.train_batch_size prompts"),
+    Ignore("data.tokenizer", "the tokenizer is the model's (or model.tokenizerPath)"),
+    Refuse("data.train_max_samples", "use a smaller parquet file", ok=(-1, None)),
+    Refuse("data.val_max_samples", "use a smaller parquet file", ok=(-1, None)),
+    Ignore("data.*", "a verl dataloader setting with no counterpart here"),
+    # actor_rollout_ref.model
+    Map("actor_rollout_ref.model.path", "model.path"),
+    Map("actor_rollout_ref.model.tokenizer_path", "model.tokenizerPath"),
+    Map("actor_rollout_ref.model.trust_remote_code", "model.trustRemoteCode"),
+    Map("actor_rollout_ref.model.enable_gradient_checkpointing", "model.gradientCheckpointing"),
+    Refuse("actor_rollout_ref.model.lora_rank", "LoRA is not supported; full-parameter training only", ok=(0, None)),
+    Refuse("actor_rollout_ref.model.lora.rank", "LoRA is not supported; full-parameter training only", ok=(0, None)),
+    Refuse("actor_rollout_ref.model.lora_adapter_path", "LoRA is not supported", ok=(None,)),
+    Refuse("actor_rollout_ref.model.custom_chat_template", "custom chat templates are not supported: put the "
+           "template in the tokenizer (model.tokenizerPath)", ok=(None,)),
+    Refuse("actor_rollout_ref.model.external_lib", "external model libraries are not loaded", ok=(None,)),
+    Ignore("actor_rollout_ref.model.*", _SPEED),
+    # actor_rollout_ref.actor
+    Refuse("actor_rollout_ref.actor.strategy", "the trainer is FSDP2 only (no Megatron)", ok=("fsdp", "fsdp2")),
+    Map("actor_rollout_ref.actor.ppo_mini_batch_size", "trainer.miniBatchSize", "prompts per optimizer step "
+        "(same unit)", _mini_batch, absent=256),
+    Map("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "trainer.microBatchSizePerGPU",
+        "responses per GPU forward (same unit)"),
+    Map("actor_rollout_ref.actor.ppo_micro_batch_size", "trainer.microBatchSizePerGPU", "deprecated global form: "
+        "divided by nnodes x n_gpus_per_node", _micro_from_global),
+    Map("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "trainer.maxTokensPerGPU", "only when "
+        "use_dynamic_bsz=True, as in verl", _token_budget),
+    Map("actor_rollout_ref.actor.use_dynamic_bsz", "trainer.maxTokensPerGPU", "True alone: verl's 16384 budget",
+        _dynamic_bsz),
+    Map("actor_rollout_ref.actor.ppo_epochs", "trainer.ppoEpochs"),
+    Map("actor_rollout_ref.actor.clip_ratio", "algorithm.clipRatioLow", "unless clip_ratio_low is set",
+        _unless("actor_rollout_ref.actor.clip_ratio_low")),
+    Map("actor_rollout_ref.actor.clip_ratio", "algorithm.clipRatioHigh", "unless clip_ratio_high is set",
+        _unless("actor_rollout_ref.actor.clip_ratio_high")),
+    Map("actor_rollout_ref.actor.clip_ratio_low", "algorithm.clipRatioLow"),
+    Map("actor_rollout_ref.actor.clip_ratio_high", "algorithm.clipRatioHigh", "0.28 = DAPO clip-higher"),
+    Map("actor_rollout_ref.actor.clip_ratio_c", "algorithm.clipRatioC"),
+    Map("actor_rollout_ref.actor.loss_agg_mode", "algorithm.lossAggMode"),
+    Map("actor_rollout_ref.actor.loss_scale_factor", "algorithm.lossScaleFactor"),
+    Map("actor_rollout_ref.actor.policy_loss.loss_mode", "algorithm.policyLoss", "vanilla, gspo",
+        _choice({"vanilla": "vanilla", "gspo": "gspo"}, what="policy loss")),
+    Ignore("actor_rollout_ref.actor.policy_loss.*", "parameters of policy losses other than vanilla and gspo"),
+    Map("actor_rollout_ref.actor.entropy_coeff", "algorithm.entropyCoeff"),
+    Map("actor_rollout_ref.actor.use_kl_loss", "algorithm.useKLLoss"),
+    Map("actor_rollout_ref.actor.kl_loss_coef", "algorithm.klLossCoef"),
+    Map("actor_rollout_ref.actor.kl_loss_type", "algorithm.klLossType", "full is an error",
+        _choice({t: t for t in ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "kl+", "abs+", "k2+",
+                                "mse+", "k3+", "low_var_kl+")}, {"full": "the full-vocabulary KL is not supported; "
+                                "use low_var_kl"}, "KL type")),
+    Map("actor_rollout_ref.actor.grad_clip", "trainer.gradClip"),
+    Map("actor_rollout_ref.actor.optim.clip_grad", "trainer.gradClip"),
+    Map("actor_rollout_ref.actor.optim.lr", "trainer.lr"),
+    Map("actor_rollout_ref.actor.optim.lr_warmup_steps", "trainer.lrWarmupSteps", "-1 (use the ratio) = 0",
+        _warmup_steps),
+    Map("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", "trainer.lrWarmupSteps", "non-zero is an error: "
+        "give steps", _warmup_ratio),
+    Map("actor_rollout_ref.actor.optim.weight_decay", "trainer.weightDecay"),
+    Map("actor_rollout_ref.actor.optim.lr_scheduler_type", "trainer.lrScheduler", "constant, cosine",
+        _choice({"constant": "constant", "cosine": "cosine"}, what="LR schedule")),
+    Map("actor_rollout_ref.actor.optim.warmup_style", "trainer.lrScheduler", "older name of lr_scheduler_type",
+        _choice({"constant": "constant", "cosine": "cosine", "None": SKIP}, what="LR schedule")),
+    Refuse("actor_rollout_ref.actor.optim.optimizer", "the optimizer is AdamW", ok=("AdamW", "adamw")),
+    Refuse("actor_rollout_ref.actor.optim.betas", "AdamW betas are fixed at (0.9, 0.999)", ok=([0.9, 0.999],)),
+    Refuse("actor_rollout_ref.actor.optim.min_lr_ratio", "cosine decays to 0 here", ok=(0, 0.0, None)),
+    Refuse("actor_rollout_ref.actor.optim.num_cycles", "cosine is a half cycle here", ok=(0.5, None)),
+    Ignore("actor_rollout_ref.actor.optim.*", "a verl optimizer-implementation setting"),
+    Ignore("actor_rollout_ref.actor.fsdp_config.*", _OFFLOAD),
+    Refuse("actor_rollout_ref.actor.megatron.*", "the trainer is FSDP2 only (no Megatron)"),
+    Ignore("actor_rollout_ref.actor.*", _SPEED),
+    # actor_rollout_ref.ref
+    Map("actor_rollout_ref.ref.fsdp_config.param_offload", "trainer.refCpuOffload"),
+    Ignore("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", _MICRO_LOGPROB),
+    Ignore("actor_rollout_ref.ref.*", "reference-model worker tuning; the reference model shares the "
+           "trainer's sharding"),
+    # actor_rollout_ref.rollout
+    Map("actor_rollout_ref.rollout.name", "rollout.engine", "vllm, hf; sglang is an error",
+        _choice({"vllm": "vllm", "hf": "hf"}, {"sglang": "SGLang rollout is not supported; use vllm",
+                                                "trtllm": "TensorRT-LLM rollout is not supported; use vllm"},
+                "rollout engine")),
+    Map("actor_rollout_ref.rollout.n", "rollout.n", "the group size", absent=1),
+    Map("actor_rollout_ref.rollout.tensor_model_parallel_size", "rollout.tensorParallelSize", "GPUs per rollout "
+        "server", absent=2),
+    Map("actor_rollout_ref.rollout.gpu_memory_utilization", "rollout.gpuMemoryUtilization"),
+    Map("actor_rollout_ref.rollout.temperature", "rollout.temperature"),
+    Map("actor_rollout_ref.rollout.do_sample", "rollout.temperature", "False = greedy (temperature 0)", _do_sample),
+    Map("actor_rollout_ref.rollout.top_p", "rollout.topP"),
+    Map("actor_rollout_ref.rollout.top_k", "rollout.topK"),
+    Map("actor_rollout_ref.rollout.max_num_batched_tokens", "rollout.maxNumBatchedTokens"),
+    Map("actor_rollout_ref.rollout.enforce_eager", "rollout.enforceEager"),
+    Map("actor_rollout_ref.rollout.dtype", "model.dtype", "one dtype for training compute and rollout", _DTYPE),
+    Map("actor_rollout_ref.rollout.val_kwargs.temperature", "rollout.valTemperature", "0 unless "
+        "val_kwargs.do_sample=True, as in verl", _val_temperature),
+    Check("actor_rollout_ref.rollout.val_kwargs.do_sample", "read with val_kwargs.temperature",
+          lambda value, ctx: SKIP),
+    Check("actor_rollout_ref.rollout.val_kwargs.n", "a warning unless 1: validation draws one sample per prompt",
+          _only_if(1, "validation draws one sample per prompt here")),
+    Check("actor_rollout_ref.rollout.val_kwargs.top_p", "a warning unless 1: validation uses top_p 1",
+          _only_if(1.0, "validation samples with top_p 1 here")),
+    Check("actor_rollout_ref.rollout.val_kwargs.top_k", "a warning unless -1: validation uses no top-k",
+          _only_if(-1, "validation samples without top-k here")),
+    Refuse("actor_rollout_ref.rollout.multi_turn.enable", "multi-turn rollouts and tools are not supported",
+           ok=(False,)),
+    Refuse("actor_rollout_ref.rollout.ignore_eos", "generation stops at EOS here", ok=(False,)),
+    Ignore("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", _MICRO_LOGPROB),
+    Ignore("actor_rollout_ref.rollout.mode", "rollout servers are always separate, asynchronous vLLM servers"),
+    Ignore("actor_rollout_ref.rollout.*", _VLLM_KNOB),
+    Refuse("actor_rollout_ref.hybrid_engine", "rollout always runs in separate servers here", ok=(True,)),
+    Ignore("actor_rollout_ref.*", "a verl worker setting with no counterpart here"),
+    # rewards
+    Map("custom_reward_function.path", "reward.function", "path:name, verl's compute_score contract",
+        _reward_function),
+    Check("custom_reward_function.name", "the function in custom_reward_function.path (default compute_score)",
+          _reward_name),
+    Refuse("reward_model.enable", "model-based rewards (a reward model) are not supported; use a rule or a "
+           "custom_reward_function", ok=(False, None)),
+    Refuse("reward_model.reward_manager", "per-sample managers only (naive, dapo, prime)",
+           ok=("naive", "dapo", "prime", None)),
+    Refuse("reward_manager.name", "per-sample managers only (naive, dapo, prime)",
+           ok=("naive", "dapo", "prime", None)),
+    Refuse("reward_manager.module.path", "custom reward managers are not supported; use "
+           "custom_reward_function", ok=(None,)),
+    Ignore("reward_manager.*", "reward manager plumbing; scoring is per sample, with verl's compute_score "
+           "signature"),
+    Map("reward_model.overlong_buffer.enable", "reward.overlongBuffer.enable", "DAPO overlong shaping"),
+    Map("reward_model.overlong_buffer.len", "reward.overlongBuffer.len"),
+    Map("reward_model.overlong_buffer.penalty_factor", "reward.overlongBuffer.penaltyFactor"),
+    Map("reward_model.reward_kwargs.overlong_buffer_cfg.enable", "reward.overlongBuffer.enable", "newer DAPO form"),
+    Map("reward_model.reward_kwargs.overlong_buffer_cfg.len", "reward.overlongBuffer.len"),
+    Map("reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor", "reward.overlongBuffer.penaltyFactor"),
+    Check("reward_model.reward_kwargs.max_resp_len", "a warning unless data.max_response_length (where the "
+          "buffer ends here)", _max_resp_len),
+    Ignore("reward_model.overlong_buffer.log", "overlong metrics are always logged"),
+    Ignore("reward_model.reward_kwargs.overlong_buffer_cfg.log", "overlong metrics are always logged"),
+    Refuse("reward_model.sandbox_fusion.url", "code-execution sandboxes are not supported", ok=(None,)),
+    Ignore("reward_model.*", "reward-model settings; model-based rewards are off"),
+    # critic
+    Refuse("critic.enable", _CRITIC, ok=(False, None)),
+    Ignore("critic.*", _CRITIC + "; verl reads these only with adv_estimator=gae"),
+    # trainer
+    Map("trainer.project_name", "trainer.projectName", absent="verl_examples"),
+    Map("trainer.experiment_name", "trainer.experimentName", absent="gsm8k"),
+    Map("trainer.experiment_name", "metadata.name", "DNS-1123: lower case, [a-z0-9-], 50 characters",
+        _dns_name, absent="gsm8k"),
+    Map("trainer.nnodes", "trainer.nnodes"),
+    Map("trainer.n_gpus_per_node", "trainer.nprocPerNode", "trainer GPUs; rollout GPUs are separate here",
+        absent=8),
+    Refuse("trainer.device", "the trainer runs on cuda (or cpu for tests)", ok=("cuda", None)),
+    Map("trainer.total_epochs", "trainer.totalEpochs", absent=30),
+    Map("trainer.total_training_steps", "trainer.totalSteps"),
+    Map("trainer.test_freq", "trainer.testFreq", "<= 0 = never", _freq),
+    Map("trainer.save_freq", "trainer.saveFreq", "<= 0 = only at the end", _freq),
+    Map("trainer.val_before_train", "trainer.valBeforeTrain"),
+    Map("trainer.max_actor_ckpt_to_keep", "trainer.keepCheckpoints", "null = keep all", absent=None),
+    Map("trainer.logger", "trainer.loggers", "console; file = jsonl; wandb, swanlab, mlflow... = tensorboard "
+        "(a warning)", _loggers, absent=["console", "wandb"]),
+    Map("trainer.resume_mode", "resume", "auto, disable = never; resume_path: see resume_from_path",
+        _choice({"auto": "auto", "disable": "never", "resume_path": SKIP}, what="resume mode")),
+    Refuse("trainer.resume_from_path", "verl checkpoints are not read here: merge the actor into a Hugging Face "
+           "model (verl's model_merger) and set actor_rollout_ref.model.path to it; this job then resumes "
+           "from its own checkpoints (resume: auto)", ok=(None,)),
+    Refuse("trainer.resume_from_checkpoint", "not a verl key (see trainer.resume_from_path): this job resumes "
+           "from its own latest checkpoint (resume: auto); for a verl checkpoint, merge it into a Hugging Face "
+           "model and use it as actor_rollout_ref.model.path", ok=(None,)),
+    Refuse("trainer.critic_warmup", _CRITIC + "; a warm-up would only delay the actor", ok=(0, None)),
+    Refuse("trainer.val_only", "validation-only runs are not supported", ok=(False, None)),
+    Ignore("trainer.default_local_dir", "checkpoints go under spec.storage.uri/<namespace>/<job>/checkpoints"),
+    Ignore("trainer.default_hdfs_dir", "checkpoints go under spec.storage.uri (file:// or s3://)"),
+    Ignore("trainer.balance_batch", "micro-batches are length-balanced here"),
+    Ignore("trainer.*", "a verl trainer setting with no counterpart here"),
+    # infrastructure
+    Ignore("ray_kwargs.*", "no Ray here: pods on Kubernetes, processes locally"),
+    Ignore("ray_init.*", "no Ray here: pods on Kubernetes, processes locally"),
+    Ignore("global_profiler.*", "profiling is not configured from the job"),
+    Ignore("transfer_queue.*", "no transfer queue here: rollouts travel through object storage"),
+    Ignore("hydra.*", "hydra's own settings"),
+)
+# fmt: on
+
+_EXACT: dict[str, list[Rule]] = {}
+for _rule in RULES:
+    _EXACT.setdefault(_rule.verl, []).append(_rule)
+
+
+def rules_for(key: str) -> list[Rule]:
+    """The rules for a verl key: its own, else the longest matching prefix rule."""
+    if key in _EXACT:
+        return _EXACT[key]
+    parts = key.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n]) + ".*"
+        if prefix in _EXACT:
+            return _EXACT[prefix]
+    return []
+
+
+# --- translation --------------------------------------------------------------------------------
+
+@dataclass
+class Translation:
+    doc: dict | None               # the GRPOJob document, None when there are errors
+    job: GRPOJob | None
+    warnings: list[str]
+    errors: list[str]
+
+
+def _set(doc: dict, path: str, value: Any) -> None:
+    parts = path.split(".")
+    node = doc if parts[0] == "metadata" else doc.setdefault("spec", {})
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+    node[parts[-1]] = value
+
+
+def _show(key: str, value: Any, absent: bool) -> str:
+    return f"{key} (not set: verl's default {value!r})" if absent else f"{key}={value!r}"
+
+
+def translate(cfg: VerlConfig, *, name: str | None = None, namespace: str | None = None,
+              expand_env: bool = False) -> Translation:
+    """The GRPOJob for a verl config; every warning and error, each naming the verl key."""
+    warnings, errors = list(cfg.warnings), list(cfg.errors)
+    doc: dict = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "metadata": {}, "spec": {}}
+    origin: dict[str, str] = {}
+    ignored: dict[str, list[str]] = {}
+    ctx = _Ctx(cfg.flat, expand_env)
+    for option in cfg.hydra_options:
+        if "megatron" in option:
+            errors.append(f"{option}: the trainer is FSDP2 only (no Megatron)")
+        elif not option.startswith("--config-name=ppo_trainer"):
+            warnings.append(f"{option}: hydra option ignored; only the keys given here are translated")
+    for key in cfg.deleted:
+        warnings.append(f"~{key}: hydra deletion ignored")
+
+    def apply(rule: Rule, key: str, value: Any, absent: bool) -> None:
+        shown = _show(key, value, absent)
+        if rule.kind == "ignore":
+            ignored.setdefault(rule.note, []).append(shown)
+            return
+        if rule.kind == "refuse":
+            if value not in rule.ok:
+                errors.append(f"{shown}: {rule.note}")
+            return
+        if value is None:
+            # null is verl's "unset": our default, unless null means something here too.
+            if rule.field and rule.convert is None and _nullable(rule.field):
+                _set(doc, rule.field, None)
+                origin[rule.field] = shown
+            return
+        ctx.key, ctx.shown, ctx.absent, ctx.warnings = key, shown, absent, []
+        try:
+            out = rule.convert(value, ctx) if rule.convert else value
+        except Unsupported as exc:
+            errors.append(f"{shown}: {exc}")
+            return
+        warnings.extend(ctx.warnings)
+        if out is not SKIP and rule.field:
+            _set(doc, rule.field, out)
+            origin[rule.field] = shown
+
+    for key, value in cfg.flat.items():
+        rules = rules_for(key)
+        if not rules:
+            close = difflib.get_close_matches(key, [r.verl for r in RULES if not r.verl.endswith("*")], n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            warnings.append(f"{key}={value!r}: not a verl key this translator knows; ignored{hint}")
+        for rule in rules:
+            apply(rule, key, value, absent=False)
+    for rule in RULES:
+        if rule.absent is not MISSING and rule.verl not in cfg.flat:
+            apply(rule, rule.verl, rule.absent, absent=True)
+    for reason, keys in ignored.items():
+        warnings.append(f"{', '.join(keys)}: ignored: {reason}")
+    if name:
+        doc["metadata"]["name"] = name
+    if namespace:
+        doc["metadata"]["namespace"] = namespace
+    if errors:
+        return Translation(None, None, _unique(warnings), _unique(errors))
+    try:
+        job = parse_job(doc, source="translated job")
+    except JobError as exc:
+        return Translation(None, None, _unique(warnings), [_with_origin(e, origin) for e in exc.errors])
+    return Translation(_ordered(doc, GRPOJob), job, _unique(warnings), [])
+
+
+def _nullable(path: str) -> bool:
+    from grpo_api.jobfile import _child_model
+    model = GRPOJob if path.startswith("metadata.") else GRPOJobSpec
+    *parents, leaf = path.split(".")
+    for p in parents:
+        model = _child_model(model, p)
+    field = next(f for n, f in model.model_fields.items() if leaf in (n, f.alias))
+    return not field.is_required() and type(None) in getattr(field.annotation, "__args__", ())
+
+
+def _unique(items: list[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def _with_origin(error: str, origin: dict[str, str]) -> str:
+    path = error.split(":", 1)[0].removeprefix("spec.")
+    path = re.sub(r"\[\d+\]$", "", path)
+    return f"{error} [from verl {origin[path]}]" if path in origin else error
+
+
+def _ordered(doc: dict, model) -> dict:
+    """The document in the model's field order (spec sections as DESIGN.md lists them)."""
+    from grpo_api.jobfile import _child_model
+    out = {}
+    for name, f in model.model_fields.items():
+        key = f.alias or name
+        if key in doc:
+            child = _child_model(model, key)
+            out[key] = _ordered(doc[key], child) if child and isinstance(doc[key], dict) else doc[key]
+    out.update({k: v for k, v in doc.items() if k not in out})
+    return out
+
+
+def render(translation: Translation, source: str) -> str:
+    """The translated job as YAML, headed by where it came from and what was skipped."""
+    lines = [f"# Translated from verl by `grpo from-verl` ({source}).",
+             "# verl colocates vLLM on the training GPUs; here rollout servers are separate pods",
+             "# (rollout.replicas x rollout.tensorParallelSize GPUs) next to the trainer's GPUs."]
+    if translation.warnings:
+        lines.append("# Not carried over (see the warnings):")
+        lines += [f"#   - {w}" for w in translation.warnings]
+    return "\n".join(lines) + "\n" + yaml.safe_dump(translation.doc, sort_keys=False, allow_unicode=True)
+
+
+# --- the table for the docs ---------------------------------------------------------------------
+
+def markdown_table() -> str:
+    """RULES as the Markdown table docs/MIGRATING_FROM_VERL.md embeds."""
+    def cell(text: Any) -> str:
+        return str(text).replace("|", "\\|")
+
+    rows = ["| verl key | GRPOJob field | kind | when absent | notes |", "|---|---|---|---|---|"]
+    for r in RULES:
+        target = (r.field if r.field.startswith("metadata.") else f"spec.{r.field}") if r.field else "—"
+        kind = {"map": "maps", "check": "checked", "ignore": "warning", "refuse": "error"}[r.kind]
+        if r.kind == "refuse" and r.ok:
+            kind = "error unless " + " / ".join("null" if v is None else str(v) for v in r.ok)
+        absent = "" if r.absent is MISSING else ("null" if r.absent is None else f"`{r.absent}`")
+        rows.append(f"| `{r.verl}` | {f'`{target}`' if r.field else target} | {cell(kind)} | {absent} | "
+                    f"{cell(r.note)} |")
+    return "\n".join(rows) + "\n"

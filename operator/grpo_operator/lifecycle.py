@@ -1,0 +1,302 @@
+"""The GRPOJob state machine: from the job, its last status and what its children look like
+now, decide the new status and what to change. Pure (no I/O, the clock is an argument);
+reconciler.py observes, calls `decide` and carries the decision out.
+
+    Pending ──► Running ──► Succeeded                (rollout scaled to zero)
+       │  ▲        │
+       │  └─ Restarting ◄─ trainer Job failed, restarts < runPolicy.backoffLimit
+       │           │
+       └───────────┴──► Failed   backoff limit, activeDeadlineSeconds, pendingDeadlineSeconds,
+                                 or an invalid spec (no children at all)
+    runPolicy.suspend: trainer Job deleted first (it checkpoints on SIGTERM), then the rollout
+    Deployment ──► Suspended; unsuspended ──► Pending, resumed from the checkpoint.
+
+Restarts are counted once per failed trainer Job: the Job is labelled with the restart count
+it was created at (`grpo.dev/attempt`), so a failure already counted (the operator died
+before replacing the Job) is not counted again. The status is written before the children
+are changed, for the same reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from grpo_api.spec import Condition, GRPOJob, GRPOJobStatus, Phase, Progress
+
+from grpo_operator import conditions as cond
+from grpo_operator import names
+from grpo_operator.pods import PodsView
+
+TERMINAL = (Phase.Succeeded, Phase.Failed)
+
+
+@dataclass(frozen=True)
+class TrainerJob:
+    """The trainer Job as far as the lifecycle cares."""
+
+    attempt: int
+    outcome: Literal["active", "succeeded", "failed"] = "active"
+    deleting: bool = False
+    reason: str = ""
+    message: str = ""
+
+
+def trainer_job_state(obj: dict[str, Any]) -> TrainerJob:
+    """Read a batch/v1 Job: its attempt label and its Complete/Failed condition."""
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    try:
+        attempt = int((meta.get("labels") or {}).get(names.ATTEMPT_LABEL, "0"))
+    except ValueError:
+        attempt = 0
+    outcome, reason, message = "active", "", ""
+    for c in status.get("conditions") or []:
+        if c.get("status") != "True":
+            continue
+        if c.get("type") == "Complete":
+            outcome = "succeeded"
+        elif c.get("type") == "Failed":
+            outcome, reason, message = "failed", c.get("reason", ""), c.get("message", "")
+    return TrainerJob(attempt, outcome, bool(meta.get("deletionTimestamp")), reason, message)
+
+
+@dataclass(frozen=True)
+class Observed:
+    generation: int
+    trainer: TrainerJob | None = None
+    pods: PodsView = PodsView()
+    rollout_replicas: int | None = None
+    """spec.replicas of the rollout Deployment; None when there is none."""
+    progress: Progress | None = None
+    """progress.json as just read; None when not read this time (the status keeps the last)."""
+    children_applied: bool = False
+    """Whether this operator process applied the children at this generation already."""
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass
+class Decision:
+    status: GRPOJobStatus
+    apply_children: bool = False
+    create_trainer: int | None = None
+    """Create the trainer Job with this attempt number."""
+    delete_trainer: bool = False
+    rollout_replicas: int | None = None
+    """Apply the rollout Deployment with these replicas."""
+    delete_rollout: bool = False
+    delete_job: bool = False
+    """The TTL after the job finished ran out: delete the GRPOJob itself."""
+    events: list[Event] = field(default_factory=list)
+
+
+class _Draft:
+    """The status being decided, plus the actions; mutated by the steps below."""
+
+    def __init__(self, status: GRPOJobStatus, now: datetime):
+        self.now = now
+        self.old = status
+        self.phase: Phase = status.phase
+        self.conditions: list[Condition] = list(status.conditions)
+        self.progress = status.progress
+        self.restarts = status.restarts
+        self.start_time = status.start_time
+        self.completion_time = status.completion_time
+        self.d = Decision(status=status)
+
+    def set(self, type_: str, status: bool, reason: str, message: str = "") -> None:
+        self.conditions = cond.set_condition(self.conditions, type_, status, reason, message, self.now)
+
+    def event(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None:
+        self.d.events.append(Event(type_, reason, message))
+
+    def finish(self, phase: Phase, reason: str, message: str) -> None:
+        self.phase = phase
+        self.completion_time = self.completion_time or cond.fmt_time(self.now)
+        ok = phase == Phase.Succeeded
+        self.set(phase.value, True, reason, message)
+        self.set("Running", False, phase.value, "")
+        if cond.find(self.conditions, "PodsPending"):
+            self.set("PodsPending", False, phase.value, "")
+        self.event("Normal" if ok else "Warning", reason, message)
+
+    def decision(self, generation: int) -> Decision:
+        self.d.status = GRPOJobStatus(
+            phase=self.phase, conditions=self.conditions, progress=self.progress, restarts=self.restarts,
+            start_time=self.start_time, completion_time=self.completion_time, observed_generation=generation)
+        return self.d
+
+
+def decide(job: GRPOJob | None, errors: list[str], status: GRPOJobStatus, obs: Observed, now: datetime
+           ) -> Decision:
+    """The new status and the actions for one reconcile. `errors` non-empty means the spec is
+    invalid (job may be None then)."""
+    s = _Draft(status, now)
+    if obs.progress is not None:
+        s.progress = obs.progress
+    if errors:
+        _invalid(s, errors, obs)
+    elif s.phase in TERMINAL:
+        _keep_down(s, obs)
+    elif job.spec.run_policy.suspend and not _trainer_finished(obs):
+        _suspend(s, obs)
+    else:
+        _run(s, job, obs, status)
+    if s.phase in TERMINAL and job is not None:
+        ttl = job.spec.run_policy.ttl_seconds_after_finished
+        done = cond.parse_time(s.completion_time)
+        if ttl is not None and done is not None and now >= done + timedelta(seconds=ttl):
+            s.d.delete_job = True
+            s.event("Normal", "TTLExpired", f"deleting the job {ttl}s after it finished (runPolicy.ttlSecondsAfterFinished)")
+    return s.decision(obs.generation)
+
+
+def _trainer_finished(obs: Observed) -> bool:
+    t = obs.trainer
+    return t is not None and not t.deleting and t.outcome != "active"
+
+
+def _keep_down(s: _Draft, obs: Observed) -> None:
+    """A finished job holds no GPUs: no active trainer, rollout at zero."""
+    if obs.trainer is not None and obs.trainer.outcome == "active" and not obs.trainer.deleting:
+        s.d.delete_trainer = True
+    if obs.rollout_replicas:
+        s.d.rollout_replicas = 0
+
+
+def _invalid(s: _Draft, errors: list[str], obs: Observed) -> None:
+    if not cond.is_true(s.conditions, "Invalid"):
+        message = "; ".join(errors)
+        s.set("Invalid", True, "InvalidSpec", message)
+        s.finish(Phase.Failed, "InvalidSpec", message)
+    _keep_down(s, obs)
+
+
+def _suspend(s: _Draft, obs: Observed) -> None:
+    """Trainer first (it checkpoints on SIGTERM and needs the rollout servers until then), then
+    the rollout Deployment."""
+    t = obs.trainer
+    if t is not None:
+        if not t.deleting:
+            s.d.delete_trainer = True
+        reason, message = "Suspending", "waiting for the trainer to checkpoint and stop"
+    else:
+        if obs.rollout_replicas is not None:
+            s.d.delete_rollout = True
+        reason, message = "Suspended", "runPolicy.suspend is true; set it to false to resume from the checkpoint"
+    if s.phase != Phase.Suspended:
+        s.event("Normal", "Suspended", "runPolicy.suspend is true: stopping the trainer (it checkpoints), then the rollout servers")
+    s.phase = Phase.Suspended
+    s.set("Suspended", True, reason, message)
+    s.set("Running", False, "Suspended", "")
+    if cond.find(s.conditions, "PodsPending"):
+        s.set("PodsPending", False, "Suspended", "")
+
+
+def _run(s: _Draft, job: GRPOJob, obs: Observed, old: GRPOJobStatus) -> None:
+    if s.phase == Phase.Suspended:
+        s.event("Normal", "Resumed", "runPolicy.suspend is false: recreating the pods, resuming from the checkpoint")
+        s.set("Suspended", False, "Resumed", "")
+        s.start_time = None  # as a Kubernetes Job's: the active deadline counts from the resume
+        s.phase = Phase.Pending
+    replicas = job.spec.rollout.replicas
+    if obs.generation != old.observed_generation or not obs.children_applied:
+        s.d.apply_children = True
+        s.d.rollout_replicas = replicas
+        s.set("Created", True, "ChildrenApplied", "ConfigMap, Secret, Services and policies are in place")
+    if obs.rollout_replicas != replicas:
+        s.d.rollout_replicas = replicas
+
+    t = obs.trainer
+    waiting_phase = Phase.Restarting if s.restarts else Phase.Pending
+    if t is None or t.deleting:
+        if t is None:
+            s.d.create_trainer = s.restarts
+            s.start_time = s.start_time or cond.fmt_time(s.now)
+        s.phase = waiting_phase
+        s.set("Running", False, s.phase.value, "waiting for the trainer Job")
+        _pods_pending(s, True, obs)
+    elif t.outcome == "succeeded":
+        s.d.rollout_replicas = 0
+        s.finish(Phase.Succeeded, "TrainerSucceeded", "the trainer finished")
+        return
+    elif t.outcome == "failed":
+        _trainer_failed(s, job, t)
+        if s.phase in TERMINAL:
+            if obs.rollout_replicas:
+                s.d.rollout_replicas = 0
+            return
+    else:
+        running = obs.pods.trainer_running >= job.spec.trainer.nnodes
+        rollout_ok = replicas == 0 or obs.pods.rollout_running > 0
+        if running and s.phase != Phase.Running:
+            s.event("Normal", "Running", f"all {job.spec.trainer.nnodes} trainer pod(s) run")
+        s.phase = Phase.Running if running else waiting_phase
+        s.set("Running", running, "TrainerRunning" if running else "PodsNotRunning",
+              "" if running else "waiting for the trainer pods to run")
+        _pods_pending(s, not (running and rollout_ok), obs)
+    _deadlines(s, job, obs)
+
+
+def _trainer_failed(s: _Draft, job: GRPOJob, t: TrainerJob) -> None:
+    limit = job.spec.run_policy.backoff_limit
+    detail = f"{t.reason}: {t.message}" if t.message else (t.reason or "failed")
+    if t.attempt < s.restarts:
+        s.d.delete_trainer = True  # counted before the operator restarted; only replace it
+        s.phase = Phase.Restarting
+    elif s.restarts < limit:
+        s.restarts += 1
+        s.d.delete_trainer = True
+        s.phase = Phase.Restarting
+        s.set("Running", False, "TrainerFailed", detail)
+        s.event("Warning", "TrainerFailed",
+                f"trainer failed ({detail}); restart {s.restarts} of {limit}, resuming from the latest checkpoint")
+    else:
+        s.finish(Phase.Failed, "BackoffLimitExceeded",
+                 f"the trainer failed {s.restarts + 1} time(s) (runPolicy.backoffLimit={limit}); last: {detail}")
+
+
+def _pods_pending(s: _Draft, waiting: bool, obs: Observed) -> None:
+    if not waiting:
+        if cond.find(s.conditions, "PodsPending"):
+            s.set("PodsPending", False, "PodsRunning", "")
+        return
+    problem = obs.pods.problems[0] if obs.pods.problems else None
+    reason = problem.reason if problem else "Pending"
+    message = problem.describe() if problem else "waiting for the pods to be created and scheduled"
+    old = cond.find(s.conditions, "PodsPending")
+    if problem and reason != "Pending" and (old is None or old.status != "True" or old.reason != reason):
+        s.event("Warning", reason, message)
+    s.set("PodsPending", True, reason, message)
+
+
+def _deadlines(s: _Draft, job: GRPOJob, obs: Observed) -> None:
+    rp = job.spec.run_policy
+    started = cond.parse_time(s.start_time)
+    if rp.active_deadline_seconds is not None and started is not None \
+            and s.now >= started + timedelta(seconds=rp.active_deadline_seconds):
+        _fail_now(s, obs, "DeadlineExceeded",
+                  f"the job ran longer than runPolicy.activeDeadlineSeconds={rp.active_deadline_seconds}")
+        return
+    pending_since = cond.true_since(s.conditions, "PodsPending")
+    if rp.pending_deadline_seconds is not None and pending_since is not None \
+            and s.now >= pending_since + timedelta(seconds=rp.pending_deadline_seconds):
+        c = cond.find(s.conditions, "PodsPending")
+        _fail_now(s, obs, "PendingDeadlineExceeded",
+                  f"pods pending longer than runPolicy.pendingDeadlineSeconds={rp.pending_deadline_seconds}: "
+                  f"{c.reason}: {c.message}")
+
+
+def _fail_now(s: _Draft, obs: Observed, reason: str, message: str) -> None:
+    """Fail a job whose pods may still exist: stop them all."""
+    s.d.create_trainer = None
+    if obs.trainer is not None and not obs.trainer.deleting and obs.trainer.outcome == "active":
+        s.d.delete_trainer = True
+    s.d.rollout_replicas = 0 if obs.rollout_replicas else None
+    s.finish(Phase.Failed, reason, message)

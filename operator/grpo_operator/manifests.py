@@ -1,0 +1,322 @@
+"""The children of a GRPOJob as plain manifests (DESIGN.md §4). Pure functions: no I/O, the same
+input always gives the same dict; handlers.py applies them.
+
+    <job>-spec      ConfigMap   the resolved spec; the pods read it at /etc/grpo/job.yaml
+    <job>-rpc       Secret      the per-job gRPC token (created once, never re-applied)
+    <job>-trainer   Service     headless; the trainer pods' subdomain (rendezvous at index 0)
+    <job>-trainer   Job         Indexed: one pod per node, pod index = torchrun node rank
+    <job>-rollout   Deployment  rollout servers
+    <job>-rollout   Service     headless; the trainer re-resolves it every step
+    <job>-rollout   NetworkPolicy
+    <job>           PodMonitor  when the monitoring.coreos.com CRDs exist
+
+torchrun is wired the way Kubeflow Trainer and JobSet wire it: a static rendezvous at node 0's
+stable DNS name, with both the flags and the PET_* variables torchrun reads.
+
+Every builder takes the job as parsed from the API object (its metadata carries the uid the
+owner reference needs) and the operator settings.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from grpo_api.jobfile import dump_job
+from grpo_api.rpc import TOKEN_ENV
+from grpo_api.spec import GRPOJob, ObjectMeta
+
+from grpo_operator import names
+from grpo_operator.names import GRPC_PORT, MASTER_PORT, METRICS_PORT, ROLLOUT, SPEC_DIR, SPEC_PATH, TRAINER
+from grpo_operator.settings import OperatorSettings
+from grpo_operator.templates import merge_pod_template
+
+_SPEC_VOLUME, _SHM_VOLUME = "grpo-spec", "dshm"
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+
+
+def _meta(job: GRPOJob, name: str, component: str) -> dict[str, Any]:
+    m = job.metadata
+    uid = (m.model_extra or {}).get("uid")
+    if not uid:
+        raise ValueError(f"GRPOJob {m.namespace}/{m.name}: metadata.uid is needed for the owner reference")
+    return names.metadata(m.name, m.namespace, uid, name, component)
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+def pod_job(job: GRPOJob) -> GRPOJob:
+    """What the pods read: the spec with defaults filled in, named, without status or API
+    bookkeeping (uid, managedFields, ...)."""
+    meta = ObjectMeta(name=job.metadata.name, namespace=job.metadata.namespace)
+    return GRPOJob(metadata=meta, spec=job.spec)
+
+
+def build_config_map(job: GRPOJob, settings: OperatorSettings) -> dict[str, Any]:
+    m = job.metadata
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _meta(job, names.config_map_name(m.name), "spec"),
+            "data": {names.SPEC_KEY: dump_job(pod_job(job))}}
+
+
+def build_rpc_secret(job: GRPOJob, settings: OperatorSettings, *, token: str) -> dict[str, Any]:
+    """The token is an argument (kept pure); handlers.py makes it with `secrets.token_hex` and
+    creates the Secret once: it is never re-applied, so running pods keep a valid token."""
+    m = job.metadata
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": _meta(job, names.secret_name(m.name), "rpc"),
+            "stringData": {names.TOKEN_KEY: token}}
+
+
+# --- services --------------------------------------------------------------------------------
+
+def _headless(job: GRPOJob, name: str, role: str, ports: list[dict], publish_not_ready: bool) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _meta(job, name, role),
+            "spec": {"clusterIP": "None", "selector": names.selector(job.metadata.name, role),
+                     "publishNotReadyAddresses": publish_not_ready, "ports": ports}}
+
+
+def build_trainer_service(job: GRPOJob, settings: OperatorSettings) -> dict[str, Any]:
+    """Not-ready addresses are published: every node must resolve node 0 before any is ready."""
+    return _headless(job, names.trainer_name(job.metadata.name), TRAINER, [
+        {"name": "c10d", "port": MASTER_PORT, "targetPort": MASTER_PORT, "protocol": "TCP"},
+        {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT, "protocol": "TCP"},
+    ], publish_not_ready=True)
+
+
+def build_rollout_service(job: GRPOJob, settings: OperatorSettings) -> dict[str, Any]:
+    """Only ready servers (model loaded) are in DNS, so the trainer never dispatches to a
+    loading one."""
+    return _headless(job, names.rollout_name(job.metadata.name), ROLLOUT, [
+        {"name": "grpc", "port": GRPC_PORT, "targetPort": GRPC_PORT, "protocol": "TCP"},
+        {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT, "protocol": "TCP"},
+    ], publish_not_ready=False)
+
+
+# --- pods ------------------------------------------------------------------------------------
+
+def _security(settings: OperatorSettings) -> tuple[dict, dict]:
+    uid = settings.run_as_user
+    pod = {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, "fsGroup": uid,
+           "seccompProfile": {"type": "RuntimeDefault"}}
+    container = {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    return pod, container
+
+
+def _common_env(job: GRPOJob) -> list[dict[str, Any]]:
+    m = job.metadata
+    env = [
+        {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": names.secret_name(m.name), "key": names.TOKEN_KEY}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    secret = job.spec.storage.secret_ref
+    if secret:
+        for key, optional in (("AWS_ACCESS_KEY_ID", False), ("AWS_SECRET_ACCESS_KEY", False),
+                              ("AWS_SESSION_TOKEN", True)):
+            env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": optional}}})
+    return env
+
+
+def _resources(base: dict[str, Any], gpus: int, settings: OperatorSettings) -> dict[str, Any]:
+    resources = copy.deepcopy(base)
+    if gpus:
+        # Extended resources are set as limits; the API server copies them to requests.
+        resources.setdefault("limits", {})[settings.gpu_resource] = gpus
+    return resources
+
+
+def _pod_template(job: GRPOJob, settings: OperatorSettings, role: str, container: dict[str, Any], *,
+                  grace: int, override: dict | None, extra_labels: dict[str, str] | None = None,
+                  **spec: Any) -> dict[str, Any]:
+    pod_security, container_security = _security(settings)
+    m = job.metadata
+    container = {
+        **container,
+        "imagePullPolicy": settings.image_pull_policy,
+        "securityContext": container_security,
+        "volumeMounts": [{"name": _SPEC_VOLUME, "mountPath": SPEC_DIR, "readOnly": True},
+                         {"name": _SHM_VOLUME, "mountPath": "/dev/shm"}],
+    }
+    template = {
+        "metadata": {"labels": {**names.labels(m.name, role), **(extra_labels or {})}},
+        "spec": {
+            **spec,
+            "containers": [container],
+            "volumes": [
+                {"name": _SPEC_VOLUME, "configMap": {"name": names.config_map_name(m.name),
+                                                     "items": [{"key": names.SPEC_KEY, "path": names.SPEC_KEY}]}},
+                {"name": _SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size}},
+            ],
+            "securityContext": pod_security,
+            "terminationGracePeriodSeconds": grace,
+            # The pods never call the Kubernetes API, and service links would flood the env.
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+        },
+    }
+    if settings.image_pull_secrets:
+        template["spec"]["imagePullSecrets"] = [{"name": s} for s in settings.image_pull_secrets]
+    return merge_pod_template(template, override, f"spec.{role}.template")
+
+
+def trainer_gpus(job: GRPOJob) -> int:
+    t = job.spec.trainer
+    return 0 if t.device == "cpu" else t.nproc_per_node
+
+
+def rollout_gpus(job: GRPOJob) -> int:
+    """vLLM needs its tensor-parallel GPUs; the hf engine is the CPU/dev engine."""
+    r = job.spec.rollout
+    return r.tensor_parallel_size if r.engine == "vllm" else 0
+
+
+def torchrun_args(job: GRPOJob) -> list[str]:
+    m, t = job.metadata, job.spec.trainer
+    return [f"--nnodes={t.nnodes}", f"--nproc-per-node={t.nproc_per_node}",
+            "--node-rank=$(JOB_COMPLETION_INDEX)",
+            f"--master-addr={names.master_addr(m.name)}", f"--master-port={MASTER_PORT}",
+            "--no-python", "grpo", "trainer", "--spec", SPEC_PATH,
+            "--rollout", names.rollout_address(m.name, m.namespace),
+            "--metrics-port", str(METRICS_PORT)]
+
+
+def _torchrun_env(job: GRPOJob) -> list[dict[str, Any]]:
+    """The PET_* variables torchrun reads (the same values as its flags)."""
+    m, t = job.metadata, job.spec.trainer
+    return [
+        {"name": "PET_NNODES", "value": str(t.nnodes)},
+        {"name": "PET_NPROC_PER_NODE", "value": str(t.nproc_per_node)},
+        {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
+            "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_LABEL}']"}}},
+        {"name": "PET_MASTER_ADDR", "value": names.master_addr(m.name)},
+        {"name": "PET_MASTER_PORT", "value": str(MASTER_PORT)},
+    ]
+
+
+def build_trainer_job(job: GRPOJob, settings: OperatorSettings, *, attempt: int = 0) -> dict[str, Any]:
+    """The Indexed Job. backoffLimit 0: the operator owns restarts (runPolicy.backoffLimit),
+    each one a fresh Job resuming from the latest checkpoint. `attempt` (the restarts so far)
+    labels the Job and its pods."""
+    m, t = job.metadata, job.spec.trainer
+    name = names.trainer_name(m.name)
+    attempt_label = {names.ATTEMPT_LABEL: str(attempt)}
+    container = {
+        "name": TRAINER,
+        "image": settings.trainer_image,
+        "command": ["torchrun"],
+        "args": torchrun_args(job),
+        "env": [*_torchrun_env(job), *_common_env(job)],
+        "ports": [{"name": "c10d", "containerPort": MASTER_PORT, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        "resources": _resources(settings.trainer_resources, trainer_gpus(job), settings),
+    }
+    template = _pod_template(job, settings, TRAINER, container,
+                             grace=settings.trainer_termination_grace_seconds, override=t.template,
+                             extra_labels=attempt_label, restartPolicy="Never", subdomain=name)
+    meta = _meta(job, name, TRAINER)
+    meta["labels"].update(attempt_label)
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": {
+        "completionMode": "Indexed",
+        "completions": t.nnodes,
+        "parallelism": t.nnodes,
+        "backoffLimit": 0,
+        # A replacement pod starts only once the old one is gone: its GPUs and its rendezvous
+        # hostname are free by then.
+        "podReplacementPolicy": "Failed",
+        # Preemption, eviction and node drains are not the trainer's fault: the Job controller
+        # replaces the pod without failing the Job (it resumes from the checkpoint).
+        "podFailurePolicy": {"rules": [
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        ]},
+        "template": template,
+    }}
+
+
+def build_rollout_deployment(job: GRPOJob, settings: OperatorSettings, *, replicas: int | None = None
+                             ) -> dict[str, Any]:
+    """`replicas` defaults to spec.rollout.replicas (0 once the job finished)."""
+    m, r = job.metadata, job.spec.rollout
+    name = names.rollout_name(m.name)
+    container = {
+        "name": ROLLOUT,
+        "image": settings.rollout_image,
+        "command": ["grpo"],
+        "args": ["rollout", "--spec", SPEC_PATH, "--port", str(GRPC_PORT), "--metrics-port", str(METRICS_PORT),
+                 "--worker-id", "$(POD_NAME)"],
+        "env": _common_env(job),
+        "ports": [{"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        "resources": _resources(settings.rollout_resources, rollout_gpus(job), settings),
+        # The gRPC Health RPC needs the job's token, which a kubelet probe can't send: the
+        # server answers the same readiness (model loaded, weights at a known version) on
+        # its metrics port.
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": "metrics"},
+                           "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3},
+    }
+    template = _pod_template(job, settings, ROLLOUT, container,
+                             grace=settings.rollout_termination_grace_seconds, override=r.template)
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(job, name, ROLLOUT), "spec": {
+        "replicas": r.replicas if replicas is None else replicas,
+        "selector": {"matchLabels": names.selector(m.name, ROLLOUT)},
+        # GPUs are scarce: replace pods one at a time instead of surging past the quota.
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+        "revisionHistoryLimit": 2,
+        "template": template,
+    }}
+
+
+# --- network and monitoring ------------------------------------------------------------------
+
+def build_network_policy(job: GRPOJob, settings: OperatorSettings) -> dict[str, Any]:
+    """Ingress to the rollout pods: gRPC only from this job's trainer pods; with the nccl
+    weight sync, any port from this job's trainer and rollout pods (the collective's
+    connections use ephemeral ports, and NCCL rings connect the rollout servers to each
+    other); the metrics port from the job's namespace or the configured one."""
+    m = job.metadata
+    trainer = {"podSelector": {"matchLabels": names.selector(m.name, TRAINER)}}
+    rollout = {"podSelector": {"matchLabels": names.selector(m.name, ROLLOUT)}}
+    if settings.metrics_namespace:
+        scrapers = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": settings.metrics_namespace}}}
+    else:
+        scrapers = {"podSelector": {}}
+    ingress = [
+        {"from": [trainer], "ports": [{"protocol": "TCP", "port": GRPC_PORT}]},
+        {"from": [scrapers], "ports": [{"protocol": "TCP", "port": METRICS_PORT}]},
+    ]
+    if job.spec.weight_sync.backend == "nccl":
+        ingress.append({"from": [trainer, rollout]})
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _meta(job, names.rollout_name(m.name), ROLLOUT),
+            "spec": {"podSelector": {"matchLabels": names.selector(m.name, ROLLOUT)},
+                     "policyTypes": ["Ingress"], "ingress": ingress}}
+
+
+def build_pod_monitor(job: GRPOJob, settings: OperatorSettings) -> dict[str, Any]:
+    """Scrapes the rollout pods and trainer node 0 (only global rank 0 serves metrics: the
+    other nodes' pods are left out by their completion index)."""
+    m = job.metadata
+    meta = _meta(job, m.name, "metrics")
+    meta["labels"].update(settings.pod_monitor_labels)
+    match: dict[str, Any] = {"matchLabels": {names.JOB_LABEL: m.name}}
+    if job.spec.trainer.nnodes > 1:
+        match["matchExpressions"] = [{"key": COMPLETION_INDEX_LABEL, "operator": "NotIn",
+                                      "values": [str(i) for i in range(1, job.spec.trainer.nnodes)]}]
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor", "metadata": meta, "spec": {
+        "selector": match,
+        "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
+    }}
+
+
+def build_children(job: GRPOJob, settings: OperatorSettings, *, pod_monitor: bool) -> list[dict[str, Any]]:
+    """Every child that is applied as-is whenever the spec changes (not the token Secret, which
+    is created once; not the trainer Job and rollout Deployment, whose life the lifecycle
+    decides). Raises TemplateError for a refused pod template, before anything is created."""
+    children = [build_config_map(job, settings), build_trainer_service(job, settings),
+                build_rollout_service(job, settings)]
+    if settings.network_policy:
+        children.append(build_network_policy(job, settings))
+    if pod_monitor:
+        children.append(build_pod_monitor(job, settings))
+    return children

@@ -1,0 +1,92 @@
+"""Names, labels, ports and owner references of a GRPOJob's children (DESIGN.md §4).
+
+Names are deterministic (`<job>-spec`, `<job>-trainer`, ...): a restarted operator finds what
+it created before instead of creating it twice. Every child carries the same labels, so one
+selector finds all of a job's objects, and `grpo.dev/role` tells trainer from rollout.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpo_api.spec import API_GROUP, API_VERSION, KIND, PLURAL
+
+MANAGER = "grpo-operator"
+JOB_LABEL = "grpo.dev/job"
+ROLE_LABEL = "grpo.dev/role"
+ATTEMPT_LABEL = "grpo.dev/attempt"
+"""On the trainer Job and its pods: the restart count the Job was created at, so a failure is
+counted once even when the operator dies between counting it and replacing the Job."""
+
+TRAINER, ROLLOUT = "trainer", "rollout"
+
+SPEC_DIR = "/etc/grpo"
+SPEC_KEY = "job.yaml"
+SPEC_PATH = f"{SPEC_DIR}/{SPEC_KEY}"
+TOKEN_KEY = "token"
+
+GRPC_PORT = 50051
+METRICS_PORT = 9090
+MASTER_PORT = 29500
+
+
+def config_map_name(job: str) -> str:
+    return f"{job}-spec"
+
+
+def secret_name(job: str) -> str:
+    return f"{job}-rpc"
+
+
+def trainer_name(job: str) -> str:
+    """The trainer Job and its headless Service (the pods' subdomain)."""
+    return f"{job}-trainer"
+
+
+def rollout_name(job: str) -> str:
+    """The rollout Deployment and its headless Service."""
+    return f"{job}-rollout"
+
+
+def master_addr(job: str) -> str:
+    """Node rank 0's stable DNS name: Indexed Job pods get hostname `<job-name>-<index>`, and
+    the headless Service named like the pods' subdomain gives it a record."""
+    return f"{trainer_name(job)}-0.{trainer_name(job)}"
+
+
+def rollout_address(job: str, namespace: str) -> str:
+    """What the trainer dials: the headless Service's DNS name, re-resolved every step, so
+    scaling the rollout Deployment adds or removes workers."""
+    return f"dns:///{rollout_name(job)}.{namespace}.svc.cluster.local:{GRPC_PORT}"
+
+
+def labels(job: str, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "grpojob",
+        "app.kubernetes.io/instance": job,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": MANAGER,
+        JOB_LABEL: job,
+        ROLE_LABEL: component,
+    }
+
+
+def selector(job: str, role: str) -> dict[str, str]:
+    """Selector labels of a workload: only labels that never change for the job's life."""
+    return {JOB_LABEL: job, ROLE_LABEL: role}
+
+
+def owner_reference(name: str, uid: str) -> dict[str, Any]:
+    """Makes the GRPOJob the controller of a child: deleting the job deletes the child (the
+    garbage collector), and `blockOwnerDeletion` keeps a foreground deletion of the job waiting
+    for it."""
+    return {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "name": name, "uid": uid,
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def metadata(job: str, namespace: str, uid: str, name: str, component: str) -> dict[str, Any]:
+    return {"name": name, "namespace": namespace, "labels": labels(job, component),
+            "ownerReferences": [owner_reference(job, uid)]}
+
+
+GRPOJOB_RESOURCE = (API_GROUP, API_VERSION, PLURAL)

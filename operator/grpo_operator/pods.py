@@ -1,0 +1,77 @@
+"""What a job's pods say: how many run, and why the others don't (pure, over API dicts).
+
+A pod stuck Pending says why in two places: the PodScheduled condition (Unschedulable, with the
+scheduler's message) and its containers' waiting state (ErrImagePull, ImagePullBackOff,
+CreateContainerConfigError, ...). lifecycle.py puts the most telling reason in the job's status
+and fails the job when it lasts past runPolicy.pendingDeadlineSeconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from grpo_operator import names
+
+# Waiting reasons that won't fix themselves soon, most specific first.
+STUCK_REASONS = ("InvalidImageName", "ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError",
+                 "CreateContainerError", "ErrImageNeverPull")
+
+
+@dataclass(frozen=True)
+class PodProblem:
+    pod: str
+    reason: str
+    message: str
+
+    def describe(self) -> str:
+        return f"pod {self.pod}: {self.reason}" + (f": {self.message}" if self.message else "")
+
+
+@dataclass(frozen=True)
+class PodsView:
+    trainer_running: int = 0
+    """Trainer pods of the current attempt in phase Running (or already Succeeded)."""
+    rollout_running: int = 0
+    """Rollout pods in phase Running."""
+    problems: tuple[PodProblem, ...] = ()
+    """Pending pods of the job with the reason they are stuck (generic 'Pending' last)."""
+
+
+def pod_problem(pod: dict[str, Any]) -> PodProblem | None:
+    """Why a Pending pod doesn't run; None for a pod that isn't Pending."""
+    status = pod.get("status") or {}
+    if status.get("phase", "Pending") != "Pending" or (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return None
+    name = pod["metadata"]["name"]
+    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK_REASONS:
+            return PodProblem(name, waiting["reason"], waiting.get("message", ""))
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return PodProblem(name, cond.get("reason") or "Unschedulable", cond.get("message", ""))
+    return PodProblem(name, "Pending", "")
+
+
+def view(pods: list[dict[str, Any]], *, attempt: int | None) -> PodsView:
+    """Summarize the job's pods; trainer pods of other attempts (an old, failed Job's) are
+    ignored."""
+    trainer_running = rollout_running = 0
+    problems = []
+    for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        role = labels.get(names.ROLE_LABEL)
+        if role == names.TRAINER and labels.get(names.ATTEMPT_LABEL) != str(attempt):
+            continue
+        phase = (pod.get("status") or {}).get("phase", "Pending")
+        if role == names.TRAINER and phase in ("Running", "Succeeded"):
+            trainer_running += 1
+        elif role == names.ROLLOUT and phase == "Running":
+            rollout_running += 1
+        problem = pod_problem(pod)
+        if problem is not None:
+            problems.append(problem)
+    # The specific reasons first: they are what the user must fix.
+    problems.sort(key=lambda p: (p.reason == "Pending", p.pod))
+    return PodsView(trainer_running, rollout_running, tuple(problems))

@@ -1,0 +1,129 @@
+"""`grpo rollout`: start one rollout server for a job and run it until SIGTERM.
+
+Start-up order: metrics endpoint (so /ready answers 503 while loading), reward workers (a bad
+`spec.reward.function` fails here, before the model loads), engine, gRPC. When the server
+listens it prints one line to stdout,
+
+    GRPO_ROLLOUT_READY {"port": 50051, "metrics_port": 9400, "worker_id": "...", "pid": 123}
+
+which is how a parent process (the local launcher, tests) learns the ports and that it's ready.
+On SIGTERM/SIGINT it stops accepting calls, lets running ones finish for `--grace` seconds,
+then stops the reward workers and the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+
+READY_PREFIX = "GRPO_ROLLOUT_READY "
+
+log = logging.getLogger("grpo_rollout")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="grpo rollout", description="Run a rollout server (generation + rewards) for a GRPOJob.")
+    p.add_argument("--spec", required=True, help="the GRPOJob YAML (as `grpo validate` accepts)")
+    p.add_argument("--port", type=int, default=50051, help="gRPC port; 0 picks a free one (default 50051)")
+    p.add_argument("--host", default="[::]", help="gRPC listen address (default all interfaces)")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="HTTP port of /metrics and /ready; 0 (default) picks a free one (the ready line "
+                        "names it), -1 disables; pods set a fixed one for Prometheus and the readiness probe")
+    p.add_argument("--worker-id", default=None, help="name in logs, metrics and rollout rows (default: host name)")
+    p.add_argument("--device", default="auto", help="hf engine device: auto, cpu, cuda, cuda:N (default auto)")
+    p.add_argument("--grace", type=float, default=5.0, help="seconds running calls get to finish on SIGTERM")
+    return p
+
+
+def _device(choice: str) -> str:
+    if choice != "auto":
+        return choice
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from grpo_api.jobfile import JobError, load_job
+    from grpo_api.rpc import TokenError, read_token
+
+    try:
+        job = load_job(args.spec)
+        token = read_token()
+    except (JobError, TokenError) as exc:
+        print(f"grpo rollout: {exc}", file=sys.stderr)
+        return 2
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    from grpo_rollout.metrics import RolloutMetrics, serve_http
+
+    spec = job.spec
+    worker_id = args.worker_id or os.environ.get("HOSTNAME") or socket.gethostname()
+    metrics = RolloutMetrics(job.metadata.name, job.metadata.namespace, worker_id)
+    holder: dict = {}
+    http = None
+    if args.metrics_port >= 0:
+        http = serve_http(metrics.registry, args.metrics_port, ready=lambda: "worker" in holder and holder["worker"].health().ready)
+
+    from grpo_rollout.rewards import RewardPool
+    try:
+        rewards = RewardPool(spec.reward.function, workers=spec.reward.workers, timeout_seconds=spec.reward.timeout_seconds)
+    except ValueError as exc:
+        print(f"grpo rollout: {exc}", file=sys.stderr)
+        return 2
+    engine = server = None
+    try:
+        server, port = _start(args, job, spec, token, worker_id, metrics, rewards, holder)
+        engine = holder["worker"].engine
+        info = {"port": port, "metrics_port": http.server_address[1] if http else None, "worker_id": worker_id,
+                "pid": os.getpid()}
+        print(READY_PREFIX + json.dumps(info), flush=True)
+        log.info("rollout server %s listening on port %d (engine %s, policy version %d)", worker_id, port,
+                 spec.rollout.engine, engine.policy_version)
+        stop.wait()
+        log.info("stopping: letting running calls finish for %.0fs", args.grace)
+    finally:
+        if server is not None:
+            server.stop(grace=args.grace).wait()
+        if "worker" in holder:
+            holder["worker"].weights.close()
+        rewards.close()
+        if engine is not None:
+            engine.close()
+        if http is not None:
+            http.shutdown()
+    return 0
+
+
+def _start(args, job, spec, token, worker_id, metrics, rewards, holder):
+    from grpo_api.storage import Storage
+    from grpo_rollout.engine import build_engine
+    from grpo_rollout.server import RolloutServicer, start_server
+    from grpo_rollout.worker import RolloutWorker
+
+    engine = build_engine(spec.rollout.engine, spec.model.path, dtype=spec.model.dtype.value, device=_device(args.device),
+                          seed=spec.rollout.seed, tokenizer_path=spec.model.tokenizer_path,
+                          trust_remote_code=spec.model.trust_remote_code,
+                          tensor_parallel_size=spec.rollout.tensor_parallel_size,
+                          gpu_memory_utilization=spec.rollout.gpu_memory_utilization, max_model_len=spec.total_length,
+                          enforce_eager=spec.rollout.enforce_eager,
+                          max_num_batched_tokens=spec.rollout.max_num_batched_tokens)
+    try:
+        worker = RolloutWorker(spec=spec, engine=engine, rewards=rewards, storage=Storage(spec.storage),
+                               worker_id=worker_id, metrics=metrics)
+        holder["worker"] = worker
+        return start_server(RolloutServicer(worker), token, host=args.host, port=args.port)
+    except BaseException:
+        engine.close()
+        raise

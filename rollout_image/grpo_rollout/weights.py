@@ -1,0 +1,308 @@
+"""The receiving side of a weight update (DESIGN.md §6); the trainer's
+grpo_trainer.weight_sync is the sending side. Both cut the state dict with
+grpo_api.weights.plan_buckets, so the bytes of a bucket mean the same on both ends.
+
+A version is committed (the engine's `policy_version` bumped) only once every bucket of it is
+loaded. From the first loaded bucket until then the weights are a mix of two versions: the
+version reads -1 and the server refuses to generate. A sync that fails half-way leaves it at -1
+until a complete one succeeds.
+
+- grpc: buckets arrive as chunks of UpdateWeights streams, each checked against its sha256;
+  a bad one is not loaded and is listed for the sender to send again.
+- collective: the plan arrives by PrepareWeightSync; the bytes by broadcast from trainer rank 0
+  in a process group formed over a TCPStore at the trainer (gloo on CPU, nccl on GPU). A plan
+  with a new group_id (membership changed) makes us leave the old group and form the new one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from grpo_api.weights import Bucket, PlacedTensor, placed_from_proto
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from grpo_api.proto import rollout_pb2 as pb
+    from grpo_rollout.engine import Engine
+    from grpo_rollout.metrics import RolloutMetrics
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_VERSION = -1
+
+
+class WeightSyncConflict(RuntimeError):
+    """The request can't be served in the current state (maps to FAILED_PRECONDITION)."""
+
+
+def tensors_from_buffer(buffer: torch.Tensor, placed: tuple[PlacedTensor, ...]) -> list[tuple[str, torch.Tensor]]:
+    """Views of a flat uint8 bucket as its named tensors (no copy)."""
+    out = []
+    for t in placed:
+        dtype = getattr(torch, t.spec.dtype)
+        if t.nbytes == 0:
+            out.append((t.spec.name, torch.empty(t.spec.shape, dtype=dtype, device=buffer.device)))
+            continue
+        view = buffer[t.offset:t.offset + t.nbytes].view(dtype).reshape(t.spec.shape)
+        out.append((t.spec.name, view))
+    return out
+
+
+@dataclass
+class StreamResult:
+    version: int
+    committed: bool
+    accepted: list[int] = field(default_factory=list)
+    rejected: list[int] = field(default_factory=list)
+    nbytes: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class CollectivePlan:
+    version: int
+    group_id: str
+    master_addr: str
+    master_port: int
+    world_size: int
+    rank: int
+    backend: str
+    buckets: tuple[Bucket, ...]
+    timeout_seconds: float
+
+    def __post_init__(self):
+        if self.backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend must be 'gloo' or 'nccl' (got {self.backend!r})")
+        if not 0 < self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} out of range for world_size {self.world_size} (rank 0 is the trainer)")
+        if not self.group_id or not self.master_addr or not 0 < self.master_port < 65536:
+            raise ValueError("group_id, master_addr and master_port are required")
+
+
+class _BucketAssembly:
+    """One bucket being received: bytes appended chunk by chunk, hashed as they come."""
+
+    def __init__(self, index: int, placed: tuple[PlacedTensor, ...]):
+        self.index = index
+        self.placed = placed
+        self.expected = max((t.offset + t.nbytes for t in placed), default=0)
+        self.data = bytearray()
+        self.sha = hashlib.sha256()
+        self.overflow = False
+
+    def add(self, data: bytes) -> None:
+        if len(self.data) + len(data) > self.expected:
+            self.overflow = True  # keep hashing nothing more; the bucket will be rejected
+            return
+        self.data += data
+        self.sha.update(data)
+
+    def intact(self, sha256: str) -> bool:
+        return not self.overflow and len(self.data) == self.expected and self.sha.hexdigest() == sha256
+
+
+class _Group:
+    """A process group with the trainer, formed without touching torch.distributed's default
+    group (the trainer side has one already; we keep both sides alike)."""
+
+    def __init__(self, plan: CollectivePlan, device: torch.device):
+        import torch.distributed as dist
+
+        self.id = plan.group_id
+        self.device = device
+        timeout = datetime.timedelta(seconds=plan.timeout_seconds)
+        self._store = dist.TCPStore(plan.master_addr, plan.master_port, is_master=False, timeout=timeout)
+        prefixed = dist.PrefixStore(f"grpo-weights/{plan.group_id}/", self._store)
+        if plan.backend == "gloo":
+            self._pg = dist.ProcessGroupGloo(prefixed, plan.rank, plan.world_size, timeout)
+        else:
+            torch.cuda.set_device(device)
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self._pg = dist.ProcessGroupNCCL(prefixed, plan.rank, plan.world_size, options)
+        self._broadcast_options = dist.BroadcastOptions()
+        self._broadcast_options.rootRank = 0
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        self._pg.broadcast([tensor], self._broadcast_options).wait()
+
+    def close(self) -> None:
+        shutdown = getattr(self._pg, "shutdown", None)
+        if shutdown is not None:
+            try:
+                shutdown()
+            except Exception:  # the group may already be broken; we are leaving it anyway
+                pass
+        self._pg = None
+        self._store = None
+
+
+class WeightReceiver:
+    def __init__(self, engine: "Engine", engine_lock: threading.Lock, metrics: "RolloutMetrics | None" = None):
+        """engine_lock: held while weights are copied in, so no generation sees half a bucket."""
+        self._engine = engine
+        self._engine_lock = engine_lock
+        self._metrics = metrics
+        self._update_lock = threading.Lock()  # one update (stream or collective) at a time
+        self._pending: int | None = None
+        self._pending_total = 0
+        self._pending_loaded: set[int] = set()
+        self._pending_started = 0.0
+        self._group: _Group | None = None
+        self._dead_groups: set[str] = set()
+        self._thread: threading.Thread | None = None
+        self.sync_error = ""
+        self.sync_version = UNKNOWN_VERSION
+
+    @property
+    def version(self) -> int:
+        return self._engine.policy_version
+
+    @property
+    def syncing(self) -> bool:
+        """Weights are being replaced. Waiting for a collective group to form is not syncing:
+        until the first bucket is loaded the weights are whole and generation may go on."""
+        return self._pending is not None
+
+    # -- shared by both backends -----------------------------------------------------------
+
+    def _begin(self, version: int, num_buckets: int) -> None:
+        if num_buckets < 1:
+            raise ValueError(f"num_buckets must be >= 1 (got {num_buckets})")
+        if self._pending == version:
+            if num_buckets != self._pending_total:
+                raise ValueError(f"version {version}: {num_buckets} buckets announced, earlier {self._pending_total}")
+            return
+        if self._pending is not None:
+            log.warning("weight update to version %d abandoned for version %d", self._pending, version)
+        self._pending, self._pending_total, self._pending_loaded = version, num_buckets, set()
+        self._pending_started = time.monotonic()
+
+    def _load(self, index: int, tensors: list[tuple[str, torch.Tensor]], nbytes: int, backend: str) -> None:
+        if not 0 <= index < self._pending_total:
+            raise ValueError(f"bucket index {index} out of range (version {self._pending} has {self._pending_total})")
+        with self._engine_lock:
+            self._set_version(UNKNOWN_VERSION)  # from here on the weights are a mix
+            self._engine.load_weights(tensors)
+        self._pending_loaded.add(index)
+        if self._metrics:
+            self._metrics.weights_loaded(backend, nbytes)
+
+    def _maybe_commit(self, backend: str) -> bool:
+        if self._pending is None or len(self._pending_loaded) < self._pending_total:
+            return False
+        version, seconds = self._pending, time.monotonic() - self._pending_started
+        self._pending = None
+        self._set_version(version)
+        if self._metrics:
+            self._metrics.weight_sync_done(backend, seconds)
+        log.info("weights at version %d (%s, %d buckets, %.2fs)", version, backend, self._pending_total, seconds)
+        return True
+
+    def _set_version(self, version: int) -> None:
+        self._engine.policy_version = version
+        if self._metrics:
+            self._metrics.set_policy_version(version)
+
+    # -- grpc ------------------------------------------------------------------------------
+
+    def receive_stream(self, chunks: "Iterator[pb.WeightChunk]") -> StreamResult:
+        """Consume one UpdateWeights stream (any number of buckets of one version)."""
+        started = time.monotonic()
+        if self._thread is not None and self._thread.is_alive():
+            raise WeightSyncConflict("a collective weight sync is running")
+        with self._update_lock:
+            result = StreamResult(version=self.version, committed=False)
+            current: _BucketAssembly | None = None
+            for chunk in chunks:
+                if current is None:
+                    if not chunk.tensors:
+                        raise ValueError(f"bucket {chunk.bucket_index}: its first chunk carries no tensor metadata")
+                    self._begin(chunk.version, chunk.num_buckets)
+                    current = _BucketAssembly(chunk.bucket_index, placed_from_proto(chunk.tensors))
+                elif chunk.bucket_index != current.index:
+                    raise ValueError(f"chunk of bucket {chunk.bucket_index} inside bucket {current.index}")
+                current.add(chunk.data)
+                if chunk.last_in_bucket:
+                    self._finish_bucket(current, chunk.sha256, result)
+                    current = None
+            if current is not None:  # the stream ended inside a bucket
+                result.rejected.append(current.index)
+            result.committed = self._maybe_commit("grpc")
+            result.version = self.version
+            result.seconds = time.monotonic() - started
+            return result
+
+    def _finish_bucket(self, bucket: _BucketAssembly, sha256: str, result: StreamResult) -> None:
+        if not bucket.intact(sha256):
+            log.warning("weight bucket %d of version %s failed its checksum/size check: asking for it again",
+                        bucket.index, self._pending)
+            result.rejected.append(bucket.index)
+            if self._metrics:
+                self._metrics.bucket_rejected()
+            return
+        buffer = torch.frombuffer(bucket.data, dtype=torch.uint8) if bucket.data else torch.empty(0, dtype=torch.uint8)
+        self._load(bucket.index, tensors_from_buffer(buffer, bucket.placed), len(bucket.data), "grpc")
+        result.accepted.append(bucket.index)
+        result.nbytes += len(bucket.data)
+
+    # -- collective ------------------------------------------------------------------------
+
+    def prepare_collective(self, plan: CollectivePlan) -> None:
+        """Start receiving `plan` in the background; returns at once."""
+        if plan.group_id in self._dead_groups:
+            raise WeightSyncConflict(f"group {plan.group_id} failed earlier; re-form it with a new group_id")
+        if plan.backend == "nccl" and self._engine.device.type != "cuda":
+            raise ValueError("backend nccl needs an engine on a GPU; use gloo on CPU")
+        if self._thread is not None and self._thread.is_alive():
+            raise WeightSyncConflict(f"a collective weight sync (version {self.sync_version}) is still running")
+        self.sync_error, self.sync_version = "", plan.version
+        self._thread = threading.Thread(target=self._run_collective, args=(plan,), name="weight-sync", daemon=True)
+        self._thread.start()
+
+    def _run_collective(self, plan: CollectivePlan) -> None:
+        with self._update_lock:
+            try:
+                group = self._join(plan)
+                self._begin(plan.version, len(plan.buckets))
+                for bucket in plan.buckets:
+                    buffer = torch.empty(bucket.nbytes, dtype=torch.uint8, device=group.device)
+                    group.broadcast(buffer)
+                    self._load(bucket.index, tensors_from_buffer(buffer, bucket.tensors), bucket.nbytes, "collective")
+                self._maybe_commit("collective")
+            except Exception as exc:
+                self.sync_error = f"{type(exc).__name__}: {exc}"
+                log.error("collective weight sync to version %d failed: %s", plan.version, self.sync_error)
+                self._pending = None
+                if self._group is not None:
+                    self._dead_groups.add(self._group.id)
+                    self._group.close()
+                    self._group = None
+
+    def _join(self, plan: CollectivePlan) -> _Group:
+        if self._group is not None and self._group.id == plan.group_id:
+            return self._group
+        if self._group is not None:
+            log.info("leaving weight-sync group %s for %s", self._group.id, plan.group_id)
+            self._dead_groups.add(self._group.id)
+            self._group.close()
+            self._group = None
+        device = self._engine.device if plan.backend == "nccl" else torch.device("cpu")
+        log.info("joining weight-sync group %s at %s:%d as rank %d of %d (%s)", plan.group_id, plan.master_addr,
+                 plan.master_port, plan.rank, plan.world_size, plan.backend)
+        self._group = _Group(plan, device)
+        return self._group
+
+    def close(self) -> None:
+        if self._group is not None:
+            self._group.close()
+            self._group = None

@@ -1,0 +1,178 @@
+"""What a rollout server does, without the gRPC: serve a Generate request end to end (read the
+prompt shard, generate, score, write the rollout shard), and report health. The servicer
+(grpo_rollout.server) only translates to and from protobuf.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+from grpo_api.spec import GRPOJobSpec
+from grpo_api.storage import Storage
+from grpo_rollout.engine import Engine, EngineInfo, SamplingParams
+from grpo_rollout.metrics import RolloutMetrics
+from grpo_rollout.rewards import RewardPool, RewardRequest, overlong_penalty
+from grpo_rollout.shard import Prompt, Scored, rollout_table
+from grpo_rollout.weights import UNKNOWN_VERSION, WeightReceiver, WeightSyncConflict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SamplingOverrides:
+    """What a request asked for; None means "the job's default" (proto3 can't say "unset" for 0)."""
+
+    n: int | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerateJob:
+    request_id: str
+    prompt_uri: str
+    output_uri: str
+    sampling: SamplingOverrides
+    expected_policy_version: int
+    step: int = 0
+    shard: str = ""
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    rollout_uri: str
+    num_prompts: int
+    num_samples: int
+    policy_version: int
+    generated_tokens: int
+    generate_seconds: float
+    reward_seconds: float
+    reward_errors: int
+
+
+@dataclass(frozen=True)
+class Health:
+    ready: bool
+    policy_version: int
+    status: str
+    weight_sync_error: str
+    weight_sync_version: int
+
+
+def derive_seed(base: int, step: int, shard: str) -> int:
+    """A request's seed when it names none: stable across restarts, different per step and shard."""
+    digest = hashlib.sha256(f"{base}/{step}/{shard}".encode()).digest()
+    return int.from_bytes(digest[:7], "big")
+
+
+def resolve_sampling(spec: GRPOJobSpec, job: GenerateJob) -> SamplingParams:
+    o, r = job.sampling, spec.rollout
+    return SamplingParams(
+        n=o.n or r.n,
+        max_tokens=o.max_tokens or spec.data.max_response_length,
+        temperature=r.temperature if o.temperature is None else o.temperature,
+        top_p=r.top_p if o.top_p is None else o.top_p,
+        top_k=r.top_k if o.top_k is None else o.top_k,
+        seed=derive_seed(r.seed, job.step, job.shard) if o.seed is None else o.seed,
+        stop=tuple(o.stop),
+    )
+
+
+class RolloutWorker:
+    def __init__(self, *, spec: GRPOJobSpec, engine: Engine, rewards: RewardPool, storage: Storage,
+                 worker_id: str, metrics: RolloutMetrics):
+        self.spec = spec
+        self.engine = engine
+        self.rewards = rewards
+        self.storage = storage
+        self.worker_id = worker_id
+        self.metrics = metrics
+        shaping = spec.reward.overlong_buffer
+        if shaping.enable and shaping.len <= 0:
+            raise ValueError("spec.reward.overlongBuffer.len: must be > 0 when overlongBuffer.enable is true")
+        self.engine_lock = threading.Lock()  # generation and weight loading take turns
+        self.weights = WeightReceiver(engine, self.engine_lock, metrics)
+        metrics.set_policy_version(engine.policy_version)
+
+    def health(self) -> Health:
+        version = self.weights.version
+        if self.weights.syncing:
+            status = "syncing weights"
+        elif version == UNKNOWN_VERSION:
+            status = "weights unknown: " + (self.weights.sync_error or "a weight update did not complete")
+        else:
+            status = "ready"
+        return Health(ready=status == "ready", policy_version=version, status=status,
+                      weight_sync_error=self.weights.sync_error, weight_sync_version=self.weights.sync_version)
+
+    def info(self) -> EngineInfo:
+        return self.engine.info()
+
+    def generate(self, job: GenerateJob) -> GenerateResult:
+        params = resolve_sampling(self.spec, job)
+        prompts = Prompt.rows(self.storage.read_table(job.prompt_uri))
+        with self.metrics.in_flight(), self.engine_lock:
+            version = self._check_version(job.expected_policy_version)
+            started = time.monotonic()
+            groups = self.engine.generate([p.prompt_ids for p in prompts], params)
+            generate_seconds = time.monotonic() - started
+            texts = [[self.engine.decode(s.token_ids) for s in g] for g in groups]
+        samples = sum(len(g) for g in groups)
+        tokens = sum(len(s.token_ids) for g in groups for s in g)
+        self.metrics.generated(samples, tokens, generate_seconds)
+
+        started = time.monotonic()
+        scored, errors = self._score(prompts, groups, texts)
+        reward_seconds = time.monotonic() - started
+        self.metrics.rewarded(reward_seconds, errors)
+
+        table = rollout_table(prompts, scored, policy_version=version, worker=job.shard or self.worker_id)
+        self.storage.write_table(job.output_uri, table)
+        log.info("request %s: %d prompts x %d samples, %d tokens in %.2fs, rewards in %.2fs -> %s",
+                 job.request_id, len(prompts), params.n, tokens, generate_seconds, reward_seconds, job.output_uri)
+        return GenerateResult(rollout_uri=job.output_uri, num_prompts=len(prompts), num_samples=samples,
+                              policy_version=version, generated_tokens=tokens, generate_seconds=generate_seconds,
+                              reward_seconds=reward_seconds, reward_errors=sum(errors.values()))
+
+    def _check_version(self, expected: int) -> int:
+        health = self.health()
+        if not health.ready:
+            raise WeightSyncConflict(f"not ready to generate: {health.status}")
+        if health.policy_version != expected:
+            raise WeightSyncConflict(f"weights are at policy version {health.policy_version}, "
+                                     f"the request expects {expected}")
+        return health.policy_version
+
+    def _score(self, prompts: list[Prompt], groups, texts) -> tuple[list[list[Scored]], Counter]:
+        requests = [RewardRequest(p.data_source, text, p.ground_truth, p.extra_info)
+                    for p, group_texts in zip(prompts, texts) for text in group_texts]
+        results = iter(self.rewards.score(requests))
+        shaping = self.spec.reward.overlong_buffer
+        errors: Counter = Counter()
+        scored = []
+        for group in groups:
+            out = []
+            for sample in group:
+                r = next(results)
+                extra = dict(r.extra)
+                reward = r.score
+                if r.error:
+                    errors[r.error] += 1
+                if shaping.enable:
+                    penalty = overlong_penalty(len(sample.token_ids), self.spec.data.max_response_length,
+                                               shaping.len, shaping.penalty_factor)
+                    extra.update(overlong_reward=penalty, overlong=penalty < 0)
+                    reward += penalty
+                out.append(Scored(sample, reward, extra))
+            scored.append(out)
+        return scored, errors
+

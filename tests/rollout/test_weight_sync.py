@@ -1,0 +1,205 @@
+"""Weight updates from the trainer's senders (grpo_trainer.weight_sync) to real rollout server
+processes: afterwards, greedy generation must equal, token for token, what the pushed weights
+produce when loaded directly into a fresh model."""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+
+import grpc
+import pytest
+import torch
+
+from grpo_api.proto import rollout_pb2 as pb
+from grpo_api.storage import Storage
+from grpo_api.weights import plan_buckets
+from grpo_rollout.engine import SamplingParams
+from grpo_rollout.hf_engine import HFEngine
+from grpo_trainer.weight_sync import (CollectiveWeightSender, GrpcWeightSender, WeightSyncError, pack_bucket,
+                                      tensor_specs)
+
+from .conftest import chat_prompt, prompt_table, start_server
+
+pytestmark = pytest.mark.integration
+
+BUCKET_BYTES = 32 << 10   # the tiny model (~250 KB) spans several buckets
+CHUNK_BYTES = 8 << 10     # and a bucket several chunks
+GREEDY_TOKENS = 10
+_versions = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+def token():
+    return secrets.token_hex(16)
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory, tiny_model, token):
+    tmp = tmp_path_factory.mktemp("weights")
+    started = [start_server(tmp, tiny_model, token, worker_id=f"w{i}") for i in range(2)]
+    yield started
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer):
+    return [chat_prompt(tokenizer, "copy the digit 4"), chat_prompt(tokenizer, "the answer is 9 and 2")]
+
+
+def trained_weights(tmp_path, seed: int) -> tuple[dict[str, torch.Tensor], HFEngine]:
+    """Another random init of the same architecture (as if trained), and an engine holding it.
+    A wide init makes greedy decoding depend on the weights (the default narrow one makes a tiny
+    random model repeat one token whatever its seed)."""
+    from grpo_rollout.tiny import build_tiny_model
+    path = build_tiny_model(tmp_path / f"seed{seed}", seed=seed, initializer_range=0.5)
+    engine = HFEngine(path)
+    return engine.model.state_dict(), engine
+
+
+def greedy_reference(engine: HFEngine, prompts) -> list[list[int]]:
+    out = engine.generate(prompts, SamplingParams(n=1, max_tokens=GREEDY_TOKENS, temperature=0.0))
+    return [g[0].token_ids for g in out]
+
+
+def greedy_from_server(server, prompts, version: int, tmp_path) -> list[list[int]]:
+    storage = Storage()
+    tag = f"{server.info['worker_id']}-v{version}"
+    prompt_uri, output_uri = f"file://{tmp_path}/p-{tag}.parquet", f"file://{tmp_path}/r-{tag}.parquet"
+    storage.write_table(prompt_uri, prompt_table([{"prompt_ids": p} for p in prompts]))
+    reply = server.stub().Generate(pb.GenerateRequest(
+        prompt_uri=prompt_uri, output_uri=output_uri, expected_policy_version=version,
+        sampling=pb.SamplingParams(n=1, max_tokens=GREEDY_TOKENS, temperature=0.0)), timeout=60)
+    assert reply.policy_version == version
+    return storage.read_table(reply.rollout_uri).column("response_ids").to_pylist()
+
+
+def health(server) -> pb.HealthReply:
+    return server.stub().Health(pb.HealthRequest(), timeout=10)
+
+
+def test_grpc_push_updates_every_worker(servers, prompts, token, tmp_path):
+    before = greedy_from_server(servers[0], prompts, 0, tmp_path)
+    weights, engine = trained_weights(tmp_path, seed=1)
+    expected = greedy_reference(engine, prompts)
+    assert expected != before  # the update must be visible
+
+    version = next(_versions)
+    sender = GrpcWeightSender(token, bucket_bytes=BUCKET_BYTES, chunk_bytes=CHUNK_BYTES)
+    try:
+        report = sender.send([s.address for s in servers], weights.items(), version)
+    finally:
+        sender.close()
+    assert report.version == version and report.resent == {}
+    assert report.nbytes >= sum(t.numel() * t.element_size() for t in weights.values())
+    for server in servers:
+        assert health(server).policy_version == version
+        assert greedy_from_server(server, prompts, version, tmp_path) == expected
+        assert server.metric("grpo_rollout_weight_sync_bytes_total", backend="grpc") >= report.nbytes
+
+
+class CorruptingSender(GrpcWeightSender):
+    """Flips one byte of a bucket on its first trip to one worker: a network or memory fault."""
+
+    def __init__(self, *args, victim_bucket: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.victim_bucket, self.corrupted = victim_bucket, False
+
+    def _chunks(self, version, bucket, num_buckets, data, sha):
+        for chunk in super()._chunks(version, bucket, num_buckets, data, sha):
+            if bucket.index == self.victim_bucket and not self.corrupted and chunk.data:
+                self.corrupted = True
+                chunk.data = bytes([chunk.data[0] ^ 0xFF]) + chunk.data[1:]
+            yield chunk
+
+
+def test_a_corrupted_bucket_is_rejected_and_sent_again(servers, prompts, token, tmp_path):
+    weights, engine = trained_weights(tmp_path, seed=2)
+    server = servers[0]
+    version = next(_versions)
+    rejected_before = server.metric("grpo_rollout_weight_sync_rejected_buckets_total")
+    sender = CorruptingSender(token, bucket_bytes=BUCKET_BYTES, chunk_bytes=CHUNK_BYTES, victim_bucket=1)
+    try:
+        report = sender.send([server.address], weights.items(), version)
+    finally:
+        sender.close()
+    assert report.resent == {server.address: [1]}
+    assert server.metric("grpo_rollout_weight_sync_rejected_buckets_total") == rejected_before + 1
+    assert greedy_from_server(server, prompts, version, tmp_path) == greedy_reference(engine, prompts)
+
+
+def test_a_half_applied_update_blocks_generation_until_complete(servers, prompts, token, tmp_path):
+    weights, engine = trained_weights(tmp_path, seed=3)
+    server = servers[1]
+    old = health(server).policy_version
+    version = next(_versions)
+    buckets = plan_buckets(tensor_specs(weights.items()), BUCKET_BYTES)
+    assert len(buckets) >= 3
+    # Only the first bucket arrives (the trainer died mid-update, say).
+    sender = GrpcWeightSender(token, bucket_bytes=BUCKET_BYTES, chunk_bytes=CHUNK_BYTES)
+    data = pack_bucket(buckets[0], iter(weights.items()), torch.device("cpu")).numpy().tobytes()
+    import hashlib
+    reply = server.stub().UpdateWeights(
+        sender._chunks(version, buckets[0], len(buckets), data, hashlib.sha256(data).hexdigest()), timeout=30)
+    assert (list(reply.accepted_buckets), reply.committed, reply.version) == ([0], False, -1)
+    h = health(server)
+    assert (h.ready, h.policy_version, h.status) == (False, -1, "syncing weights")
+    with pytest.raises(grpc.RpcError) as err:
+        greedy_from_server(server, prompts, old, tmp_path)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    # A complete update makes it whole again.
+    try:
+        sender.send([server.address], weights.items(), version)
+    finally:
+        sender.close()
+    assert health(server).ready
+    assert greedy_from_server(server, prompts, version, tmp_path) == greedy_reference(engine, prompts)
+
+
+def test_collective_gloo_push_and_group_reformation(servers, prompts, token, tmp_path):
+    addresses = [s.address for s in servers]
+    sender = CollectiveWeightSender(token, bucket_bytes=BUCKET_BYTES, master_addr="127.0.0.1", timeout_seconds=60)
+    try:
+        weights, engine = trained_weights(tmp_path, seed=4)
+        v1 = next(_versions)
+        report = sender.send(addresses, weights.items(), v1)
+        assert report.version == v1
+        expected = greedy_reference(engine, prompts)
+        for server in servers:
+            assert greedy_from_server(server, prompts, v1, tmp_path) == expected
+
+        # Same members: the group is reused.
+        weights, engine = trained_weights(tmp_path, seed=5)
+        v2 = next(_versions)
+        group = sender._group.id
+        sender.send(addresses, weights.items(), v2)
+        assert sender._group.id == group
+        for server in servers:
+            assert health(server).policy_version == v2
+
+        # Membership changes (a replica went away): a new group is formed with who is left.
+        weights, engine = trained_weights(tmp_path, seed=6)
+        v3 = next(_versions)
+        sender.send(addresses[:1], weights.items(), v3)
+        assert sender._group.id != group
+        assert health(servers[0]).policy_version == v3
+        assert health(servers[1]).policy_version == v2 and health(servers[1]).ready
+        assert greedy_from_server(servers[0], prompts, v3, tmp_path) == greedy_reference(engine, prompts)
+
+        # The replica that missed it catches up alone (over gRPC).
+        sender.resync(addresses[1], weights.items(), v3)
+        assert greedy_from_server(servers[1], prompts, v3, tmp_path) == greedy_reference(engine, prompts)
+        assert servers[0].metric("grpo_rollout_weight_sync_seconds_count", backend="collective") >= 3
+    finally:
+        sender.close()
+
+
+def test_a_worker_that_cannot_join_fails_the_update_with_its_name(servers, token, tmp_path):
+    weights, _ = trained_weights(tmp_path, seed=7)
+    sender = CollectiveWeightSender(token, bucket_bytes=BUCKET_BYTES, master_addr="127.0.0.1", timeout_seconds=20)
+    try:
+        with pytest.raises(WeightSyncError, match="127.0.0.1:1"):
+            sender.send([servers[0].address, "127.0.0.1:1"], weights.items(), next(_versions))
+    finally:
+        sender.close()

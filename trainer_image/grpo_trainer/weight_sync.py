@@ -1,0 +1,346 @@
+"""Trainer rank 0's side of a weight update: send a full state dict, as version v, to every
+rollout server, and verify each one reports v (DESIGN.md §6). The receiving side is
+grpo_rollout.weights; both cut the state dict with grpo_api.weights.plan_buckets.
+
+Tensors come as an iterable of (Hugging Face name, full tensor), consumed once, in order: the
+trainer may gather FSDP2 shards lazily. Memory stays bounded by one bucket (plus one bucket per
+worker in flight on the grpc path). The plan needs every name, shape and dtype up front: pass
+`specs` (e.g. from the sharded state dict's global shapes) to keep the iterable lazy; without
+it the iterable is materialized to read them.
+
+- `GrpcWeightSender`: each bucket is streamed to every worker concurrently (one thread per
+  worker) as UpdateWeights chunks with its sha256; a bucket a worker rejects is sent again.
+- `CollectiveWeightSender`: the plan goes out by PrepareWeightSync, then rank 0 joins a process
+  group with the workers (TCPStore here, gloo on CPU, nccl on GPU) and broadcasts bucket by
+  bucket. A change of workers, or any failure, re-forms the group under a new id next time.
+  `resync` of a single late worker uses the grpc path (no group re-formation for one worker).
+
+Only torch and grpo_api are imported here.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import logging
+import os
+import socket
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import grpc
+import torch
+
+from grpo_api.proto import rollout_pb2 as pb
+from grpo_api.rpc import CHUNK_BYTES, rollout_channel
+from grpo_api.proto.rollout_pb2_grpc import RolloutStub
+from grpo_api.spec import WeightSyncSpec
+from grpo_api.weights import Bucket, TensorSpec, bucket_to_proto, plan_buckets, tensor_meta
+
+log = logging.getLogger("grpo.trainer.weight_sync")
+
+NamedTensors = Iterable[tuple[str, torch.Tensor]]
+
+
+class WeightSyncError(RuntimeError):
+    """A weight update did not reach every worker; the message names the workers and why."""
+
+
+@dataclass
+class SyncReport:
+    version: int
+    seconds: float
+    nbytes: int
+    """Bytes of one copy of the weights (what each worker received)."""
+    resent: dict[str, list[int]] = field(default_factory=dict)
+    """Buckets a worker rejected (bad checksum) and got again, by worker."""
+
+
+def tensor_specs(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[TensorSpec]:
+    return [TensorSpec(name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in named_tensors]
+
+
+def pack_bucket(bucket: Bucket, tensors: Iterator[tuple[str, torch.Tensor]], device: torch.device) -> torch.Tensor:
+    """The next tensors of the stream, copied into one flat uint8 buffer laid out as planned."""
+    buffer = torch.zeros(bucket.nbytes, dtype=torch.uint8, device=device)
+    for placed in bucket.tensors:
+        try:
+            name, tensor = next(tensors)
+        except StopIteration:
+            raise ValueError(f"the tensors ended before {placed.spec.name!r}") from None
+        if name != placed.spec.name or tuple(tensor.shape) != placed.spec.shape:
+            raise ValueError(f"expected {placed.spec.name} {placed.spec.shape}, got {name} {tuple(tensor.shape)}: "
+                             "tensors must come in the order and shapes of `specs`")
+        if placed.nbytes:
+            flat = tensor.detach().contiguous().view(-1).view(torch.uint8)
+            buffer[placed.offset:placed.offset + placed.nbytes].copy_(flat)
+    return buffer
+
+
+def _plan(named_tensors: NamedTensors, specs: Sequence[TensorSpec] | None, bucket_bytes: int):
+    if specs is None:
+        named_tensors = list(named_tensors)
+        specs = tensor_specs(named_tensors)
+    return plan_buckets(specs, bucket_bytes), iter(named_tensors)
+
+
+class WeightSender(ABC):
+    @abstractmethod
+    def send(self, workers: Sequence[str], named_tensors: NamedTensors, version: int, *,
+             specs: Sequence[TensorSpec] | None = None) -> SyncReport:
+        """Bring every worker (host:port) to `version`; raises WeightSyncError unless all got there."""
+
+    def resync(self, worker: str, named_tensors: NamedTensors, version: int, *,
+               specs: Sequence[TensorSpec] | None = None) -> SyncReport:
+        """Bring one worker that missed updates (restarted, new replica) to `version`."""
+        return self.send([worker], named_tensors, version, specs=specs)
+
+    def close(self) -> None:
+        pass
+
+
+class _Stubs:
+    """One channel per worker, kept across updates."""
+
+    def __init__(self, token: str):
+        self._token = token
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def __call__(self, address: str) -> RolloutStub:
+        if address not in self._channels:
+            self._channels[address] = rollout_channel(address, self._token)
+        return RolloutStub(self._channels[address])
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+
+
+def wait_for_version(stub_of, workers: Sequence[str], version: int, timeout: float) -> None:
+    """Poll Health until every worker reports `version`; a worker whose collective sync of this
+    version failed, or the deadline, ends the wait with a WeightSyncError."""
+    deadline = time.monotonic() + timeout
+    pending = list(workers)
+    while pending:
+        still = []
+        for w in pending:
+            try:
+                h = stub_of(w).Health(pb.HealthRequest(), timeout=10)
+            except grpc.RpcError as exc:
+                raise WeightSyncError(f"worker {w}: Health failed: {exc.code().name} {exc.details()}") from None
+            if h.policy_version == version and h.ready:
+                continue
+            if h.weight_sync_error and h.weight_sync_version == version:
+                raise WeightSyncError(f"worker {w}: weight sync to version {version} failed: {h.weight_sync_error}")
+            still.append(w)
+        pending = still
+        if pending and time.monotonic() > deadline:
+            raise WeightSyncError(f"workers {pending} did not reach version {version} within {timeout:.0f}s")
+        if pending:
+            time.sleep(0.05)
+
+
+class GrpcWeightSender(WeightSender):
+    def __init__(self, token: str, *, bucket_bytes: int, chunk_bytes: int = CHUNK_BYTES,
+                 timeout_seconds: float = 600.0, max_attempts: int = 3):
+        """max_attempts: sends of one bucket to one worker before giving up on that worker."""
+        self._stubs = _Stubs(token)
+        self.bucket_bytes, self.chunk_bytes = bucket_bytes, chunk_bytes
+        self.timeout, self.max_attempts = timeout_seconds, max_attempts
+
+    def send(self, workers, named_tensors, version, *, specs=None) -> SyncReport:
+        if not workers:
+            raise ValueError("no workers to send weights to")
+        started = time.monotonic()
+        buckets, tensors = _plan(named_tensors, specs, self.bucket_bytes)
+        report = SyncReport(version=version, seconds=0.0, nbytes=sum(b.nbytes for b in buckets))
+        with ThreadPoolExecutor(max_workers=len(workers), thread_name_prefix="weights") as pool:
+            for bucket in buckets:
+                data = pack_bucket(bucket, tensors, torch.device("cpu")).numpy().tobytes()
+                sha = hashlib.sha256(data).hexdigest()
+                futures = {w: pool.submit(self._push, w, version, bucket, len(buckets), data, sha, report)
+                           for w in workers}
+                failures = []
+                for w, fut in futures.items():
+                    try:
+                        fut.result()
+                    except Exception as exc:
+                        failures.append(f"{w}: {exc}")
+                if failures:
+                    raise WeightSyncError(f"weight update to version {version} failed on "
+                                          f"{len(failures)} worker(s): " + "; ".join(failures))
+        wait_for_version(self._stubs, workers, version, timeout=min(self.timeout, 60.0))
+        report.seconds = time.monotonic() - started
+        return report
+
+    def _push(self, worker: str, version: int, bucket: Bucket, num_buckets: int, data: bytes, sha: str,
+              report: SyncReport) -> None:
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                reply = self._stubs(worker).UpdateWeights(
+                    self._chunks(version, bucket, num_buckets, data, sha), timeout=self.timeout)
+            except grpc.RpcError as exc:
+                raise WeightSyncError(f"UpdateWeights: {exc.code().name}: {exc.details()}") from None
+            if bucket.index in reply.accepted_buckets:
+                return
+            log.warning("worker %s rejected weight bucket %d of version %d (attempt %d/%d): sending it again",
+                        worker, bucket.index, version, attempt, self.max_attempts)
+            report.resent.setdefault(worker, []).append(bucket.index)
+        raise WeightSyncError(f"bucket {bucket.index} rejected {self.max_attempts} times")
+
+    def _chunks(self, version: int, bucket: Bucket, num_buckets: int, data: bytes, sha: str) -> Iterator[pb.WeightChunk]:
+        """The UpdateWeights messages of one bucket: metadata on the first, sha256 on the last."""
+        starts = range(0, max(len(data), 1), self.chunk_bytes)
+        for k, start in enumerate(starts):
+            last = k == len(starts) - 1
+            yield pb.WeightChunk(
+                version=version, bucket_index=bucket.index, num_buckets=num_buckets,
+                tensors=[tensor_meta(t) for t in bucket.tensors] if k == 0 else [],
+                data=data[start:start + self.chunk_bytes], last_in_bucket=last, sha256=sha if last else "")
+
+    def close(self) -> None:
+        self._stubs.close()
+
+
+class _Group:
+    """Rank 0 of a process group with the rollout workers, outside torch.distributed's default
+    group (which the trainer's own ranks use)."""
+
+    def __init__(self, store, group_id: str, world_size: int, backend: str, timeout: float):
+        import torch.distributed as dist
+
+        self.id = group_id
+        td = datetime.timedelta(seconds=timeout)
+        prefixed = dist.PrefixStore(f"grpo-weights/{group_id}/", store)
+        if backend == "gloo":
+            self._pg = dist.ProcessGroupGloo(prefixed, 0, world_size, td)
+        else:
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = td
+            self._pg = dist.ProcessGroupNCCL(prefixed, 0, world_size, options)
+        self._opts = dist.BroadcastOptions()
+        self._opts.rootRank = 0
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        self._pg.broadcast([tensor], self._opts).wait()
+
+    def close(self) -> None:
+        shutdown = getattr(self._pg, "shutdown", None)
+        if shutdown is not None:
+            try:
+                shutdown()
+            except Exception:  # a broken group may refuse; it is dropped either way
+                pass
+        self._pg = None
+
+
+def _default_master_addr() -> str:
+    # MASTER_ADDR is where torchrun's rank 0 runs (this process); rollout pods reach it there.
+    return os.environ.get("GRPO_WEIGHT_SYNC_ADDR") or os.environ.get("MASTER_ADDR") or socket.gethostname()
+
+
+class CollectiveWeightSender(WeightSender):
+    def __init__(self, token: str, *, bucket_bytes: int, device: torch.device | str = "cpu",
+                 timeout_seconds: float = 600.0, master_addr: str | None = None, master_port: int | None = None,
+                 backend: str = "auto"):
+        """master_addr/master_port: where the workers reach this process's TCPStore (defaults:
+        GRPO_WEIGHT_SYNC_ADDR or MASTER_ADDR; GRPO_WEIGHT_SYNC_PORT or a free port).
+        backend: gloo, nccl, or auto (nccl when this device and every worker are on GPUs)."""
+        import torch.distributed as dist
+
+        if backend not in ("auto", "gloo", "nccl"):
+            raise ValueError(f"backend must be auto, gloo or nccl (got {backend!r})")
+        self._stubs = _Stubs(token)
+        self._grpc = GrpcWeightSender(token, bucket_bytes=bucket_bytes, timeout_seconds=timeout_seconds)
+        self.bucket_bytes, self.timeout, self.backend = bucket_bytes, timeout_seconds, backend
+        self.device = torch.device(device)
+        self.master_addr = master_addr or _default_master_addr()
+        port = master_port if master_port is not None else int(os.environ.get("GRPO_WEIGHT_SYNC_PORT", "0"))
+        # One store for the sender's lifetime; each group formation uses its own key prefix.
+        self._store = dist.TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False,
+                                    timeout=datetime.timedelta(seconds=timeout_seconds))
+        self.master_port = self._store.port
+        self._group: _Group | None = None
+        self._members: tuple[str, ...] = ()
+
+    def _backend_for(self, workers: Sequence[str]) -> str:
+        if self.backend != "auto":
+            return self.backend
+        if self.device.type != "cuda":
+            return "gloo"
+        devices = [self._stubs(w).Info(pb.InfoRequest(), timeout=30).device for w in workers]
+        return "nccl" if all(d.startswith("cuda") for d in devices) else "gloo"
+
+    def send(self, workers, named_tensors, version, *, specs=None) -> SyncReport:
+        if not workers:
+            raise ValueError("no workers to send weights to")
+        started = time.monotonic()
+        workers = tuple(workers)
+        buckets, tensors = _plan(named_tensors, specs, self.bucket_bytes)
+        try:
+            backend = self._backend_for(workers)
+            reform = self._group is None or self._members != workers
+            group_id = uuid.uuid4().hex if reform else self._group.id
+            if reform:
+                self._drop_group()
+            self._prepare(workers, version, group_id, backend, buckets)
+            if reform:
+                self._group = _Group(self._store, group_id, 1 + len(workers), backend, self.timeout)
+                self._members = workers
+            device = self.device if backend == "nccl" else torch.device("cpu")
+            for bucket in buckets:
+                self._group.broadcast(pack_bucket(bucket, tensors, device))
+            wait_for_version(self._stubs, workers, version, timeout=self.timeout)
+        except Exception as exc:
+            self._drop_group()  # whatever broke, the next update starts from a fresh group
+            if isinstance(exc, WeightSyncError):
+                raise
+            raise WeightSyncError(f"collective weight update to version {version} failed: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+        return SyncReport(version=version, seconds=time.monotonic() - started, nbytes=sum(b.nbytes for b in buckets))
+
+    def _prepare(self, workers, version, group_id, backend, buckets) -> None:
+        bucket_protos = [bucket_to_proto(b) for b in buckets]
+
+        def prepare(rank_worker):
+            rank, worker = rank_worker
+            plan = pb.WeightSyncPlan(version=version, group_id=group_id, master_addr=self.master_addr,
+                                     master_port=self.master_port, world_size=1 + len(workers), rank=rank,
+                                     backend=backend, buckets=bucket_protos, timeout_seconds=self.timeout)
+            try:
+                self._stubs(worker).PrepareWeightSync(plan, timeout=60)
+            except grpc.RpcError as exc:
+                raise WeightSyncError(f"worker {worker}: PrepareWeightSync: {exc.code().name}: {exc.details()}") from None
+
+        with ThreadPoolExecutor(max_workers=len(workers)) as pool:
+            list(pool.map(prepare, enumerate(workers, start=1)))
+
+    def resync(self, worker, named_tensors, version, *, specs=None) -> SyncReport:
+        return self._grpc.send([worker], named_tensors, version, specs=specs)
+
+    def _drop_group(self) -> None:
+        if self._group is not None:
+            self._group.close()
+        self._group, self._members = None, ()
+
+    def close(self) -> None:
+        self._drop_group()
+        self._grpc.close()
+        self._stubs.close()
+        self._store = None
+
+
+def make_weight_sender(spec: WeightSyncSpec, *, token: str, device: torch.device | str = "cpu",
+                       master_addr: str | None = None, master_port: int | None = None) -> WeightSender:
+    """The sender `spec.weightSync.backend` names ("nccl" means the collective path, which runs
+    on gloo when the trainer or a worker is on CPU)."""
+    bucket_bytes = spec.bucket_size_mb << 20
+    if spec.backend == "grpc":
+        return GrpcWeightSender(token, bucket_bytes=bucket_bytes, timeout_seconds=spec.timeout_seconds)
+    return CollectiveWeightSender(token, bucket_bytes=bucket_bytes, device=device, timeout_seconds=spec.timeout_seconds,
+                                  master_addr=master_addr, master_port=master_port)
