@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import yaml
 
 from grpo_api.jobfile import k8s_yaml
 from grpo_api.spec import (API_GROUP, API_VERSION, CROSS_FIELD_RULES, KIND, MUTABLE_SPEC_FIELDS,
