@@ -1,4 +1,4 @@
-"""Subcommands that need only the API: `grpo validate`, `grpo crd`."""
+"""Subcommands that need only the API: `grpo validate`, `grpo crd`, `grpo from-verl`."""
 
 from __future__ import annotations
 
@@ -31,4 +31,76 @@ def crd(argv: list[str]) -> int:
     argparse.ArgumentParser(prog="grpo crd", description="Print the GRPOJob CRD (generated from the API models).").parse_args(argv)
     from grpo_api.crd import crd_yaml
     sys.stdout.write(crd_yaml())
+    return 0
+
+
+def from_verl(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="grpo from-verl",
+        description="Translate a verl launch command (python3 -m verl.trainer.main_ppo key=value ...) or a verl "
+                    "YAML config into a GRPOJob. Warnings (keys with no meaning here) and errors (features "
+                    "this operator doesn't have) go to stderr; errors exit 1 and write nothing.",
+        epilog="examples:  grpo from-verl run_qwen3-8b.sh -o job.yaml\n"
+               "           grpo from-verl - < command.txt\n"
+               "           grpo from-verl run_qwen3-8b.sh -- algorithm.norm_adv_by_std_in_grpo=False\n"
+               "           grpo from-verl -- algorithm.adv_estimator=grpo data.train_files=... ...",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("input", nargs="?", help="a shell script / command file or a verl YAML config; "
+                        "'-' or nothing reads stdin; or give the verl arguments after -- (with an input file, "
+                        "arguments after -- are appended, as `bash run.sh key=value` passes them)")
+    parser.add_argument("-o", "--output", help="write the GRPOJob here (default: stdout)")
+    parser.add_argument("--expand-env", action="store_true",
+                        help="substitute environment variables ($HOME, ~) instead of leaving them as written")
+    parser.add_argument("--name", help="metadata.name (default: from trainer.experiment_name)")
+    parser.add_argument("--namespace", help="metadata.namespace")
+    parser.add_argument("--strict", action="store_true", help="treat warnings as errors")
+    parser.add_argument("--markdown-table", action="store_true",
+                        help="print the verl key table (docs/MIGRATING_FROM_VERL.md) and exit")
+    rest: list[str] | None = None
+    if "--" in argv:
+        at = argv.index("--")
+        argv, rest = argv[:at], argv[at + 1:]
+    args = parser.parse_args(argv)
+    from grpo_api import from_verl as fv
+    from grpo_api import verl_command as vc
+    if args.markdown_table:
+        sys.stdout.write(fv.markdown_table())
+        return 0
+    try:
+        if rest is not None and not args.input:
+            cfg, source = vc.read_command(argv=rest, expand_env=args.expand_env), "arguments"
+        else:
+            if args.input in (None, "-"):
+                text, source = sys.stdin.read(), "stdin"
+            else:
+                try:
+                    with open(args.input, encoding="utf-8") as f:
+                        text, source = f.read(), args.input
+                except OSError as exc:
+                    print(f"grpo from-verl: {args.input}: {exc.strerror}", file=sys.stderr)
+                    return 1
+            doc = vc.looks_like_verl_yaml(text)
+            if doc is not None and rest:
+                parser.error("arguments after -- extend a command, not a YAML config")
+            cfg = (vc.read_yaml(doc, expand_env=args.expand_env) if doc is not None
+                   else vc.read_command(text, extra=rest or [], expand_env=args.expand_env))
+    except vc.VerlInputError as exc:
+        print(f"grpo from-verl: {exc}", file=sys.stderr)
+        return 1
+    result = fv.translate(cfg, name=args.name, namespace=args.namespace, expand_env=args.expand_env)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    for error in result.errors:
+        print(f"error: {error}", file=sys.stderr)
+    if result.errors or (args.strict and result.warnings):
+        print(f"grpo from-verl: not translated ({len(result.errors)} error(s), {len(result.warnings)} "
+              f"warning(s){', --strict' if args.strict else ''})", file=sys.stderr)
+        return 1
+    text = fv.render(result, source)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+        print(f"Wrote {args.output} ({result.job.metadata.name}; {len(result.warnings)} warning(s))", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
     return 0

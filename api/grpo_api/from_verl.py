@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import yaml
 
-from grpo_api.jobfile import JobError, parse_job
+from grpo_api.jobfile import JobError, _child_model, parse_job
 from grpo_api.spec import API_GROUP, API_VERSION, KIND, GRPOJob, GRPOJobSpec
 from grpo_api.verl_command import VerlConfig
 
@@ -109,7 +109,7 @@ def _uri(path: str, ctx) -> str:
         if ctx.expand_env:
             path = os.path.expanduser(path)
         else:
-            ctx.warn(f"{path}: ~ is left as written; pass --expand-env or write the full path")
+            ctx.warn("~ is left as written; pass --expand-env or write the full path")
     return "file://" + path
 
 
@@ -506,6 +506,9 @@ class Translation:
     errors: list[str]
 
 
+_LISTED = 8          # ignored keys named per reason (a full verl config dump has hundreds)
+
+
 def _set(doc: dict, path: str, value: Any) -> None:
     parts = path.split(".")
     node = doc if parts[0] == "metadata" else doc.setdefault("spec", {})
@@ -537,7 +540,8 @@ def translate(cfg: VerlConfig, *, name: str | None = None, namespace: str | None
     def apply(rule: Rule, key: str, value: Any, absent: bool) -> None:
         shown = _show(key, value, absent)
         if rule.kind == "ignore":
-            ignored.setdefault(rule.note, []).append(shown)
+            if value not in (None, {}, []):            # unset: nothing to lose
+                ignored.setdefault(rule.note, []).append(shown)
             return
         if rule.kind == "refuse":
             if value not in rule.ok:
@@ -572,7 +576,8 @@ def translate(cfg: VerlConfig, *, name: str | None = None, namespace: str | None
         if rule.absent is not MISSING and rule.verl not in cfg.flat:
             apply(rule, rule.verl, rule.absent, absent=True)
     for reason, keys in ignored.items():
-        warnings.append(f"{', '.join(keys)}: ignored: {reason}")
+        more = f" and {len(keys) - _LISTED} more" if len(keys) > _LISTED else ""
+        warnings.append(f"{', '.join(keys[:_LISTED])}{more}: ignored: {reason}")
     if name:
         doc["metadata"]["name"] = name
     if namespace:
@@ -587,7 +592,6 @@ def translate(cfg: VerlConfig, *, name: str | None = None, namespace: str | None
 
 
 def _nullable(path: str) -> bool:
-    from grpo_api.jobfile import _child_model
     model = GRPOJob if path.startswith("metadata.") else GRPOJobSpec
     *parents, leaf = path.split(".")
     for p in parents:
@@ -608,7 +612,6 @@ def _with_origin(error: str, origin: dict[str, str]) -> str:
 
 def _ordered(doc: dict, model) -> dict:
     """The document in the model's field order (spec sections as DESIGN.md lists them)."""
-    from grpo_api.jobfile import _child_model
     out = {}
     for name, f in model.model_fields.items():
         key = f.alias or name
@@ -625,9 +628,17 @@ def render(translation: Translation, source: str) -> str:
              "# verl colocates vLLM on the training GPUs; here rollout servers are separate pods",
              "# (rollout.replicas x rollout.tensorParallelSize GPUs) next to the trainer's GPUs."]
     if translation.warnings:
-        lines.append("# Not carried over (see the warnings):")
+        lines.append("# Translation warnings:")
         lines += [f"#   - {w}" for w in translation.warnings]
-    return "\n".join(lines) + "\n" + yaml.safe_dump(translation.doc, sort_keys=False, allow_unicode=True)
+    body = yaml.dump(translation.doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=120)
+    return "\n".join(lines) + "\n" + body
+
+
+class _Dumper(yaml.SafeDumper):
+    """Lists inline (`trainFiles: [a, b]`), mappings as blocks, as the examples are written."""
+
+
+_Dumper.add_representer(list, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=True))
 
 
 # --- the table for the docs ---------------------------------------------------------------------

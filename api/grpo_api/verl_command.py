@@ -277,10 +277,9 @@ def _arith(expr: str, lookup) -> int:
 
 
 class _Expander:
-    def __init__(self, expand_env: bool, warnings: list[str]):
+    def __init__(self, expand_env: bool):
         self.vars: dict[str, str] = {}
         self.expand_env = expand_env
-        self.warnings = warnings
         self.left: list[str] = []          # references left as written
 
     def lookup(self, name: str) -> str | None:
@@ -313,9 +312,10 @@ class _Expander:
             return value
         cfg.flat = {k: back(v) for k, v in cfg.flat.items()}
         for ref in self.left:
-            if ref in used:
-                cfg.warnings.append(f"{ref} is left as written (an environment variable or a substitution this "
-                                    f"translator doesn't run); pass --expand-env to take it from the environment")
+            if ref in used and ref.startswith(("$(", "`")):
+                cfg.warnings.append(f"{ref}: command substitution is not run; left as written")
+            elif ref in used:
+                cfg.warnings.append(f"{ref} is left as written; pass --expand-env to take it from the environment")
 
     def _var(self, part: _Part) -> str:
         inner = part.text
@@ -382,11 +382,12 @@ def _find_entry(words: list[str]) -> int | None:
     return None
 
 
-def read_command(text: str | None = None, *, argv: list[str] | None = None,
+def read_command(text: str | None = None, *, argv: list[str] | None = None, extra: list[str] = (),
                  expand_env: bool = False) -> VerlConfig:
-    """A verl launch: shell `text` (a script, or a pasted line), or `argv` already split by a shell."""
+    """A verl launch: shell `text` (a script, or a pasted line), or `argv` already split by a
+    shell. `extra` overrides come last, as a script's `$@` passes them (`bash run.sh k=v`)."""
     cfg = VerlConfig()
-    exp = _Expander(expand_env, cfg.warnings)
+    exp = _Expander(expand_env)
     if argv is not None:
         commands = [list(argv)]
     else:
@@ -414,6 +415,7 @@ def read_command(text: str | None = None, *, argv: list[str] | None = None,
     if cfg.entry is None:
         # No `python -m verl...`: the overrides alone (pasted lines of key=value, or argv).
         overrides = [w for words in commands for w in words if (m := _OVERRIDE.match(w)) and m.group(4)]
+    overrides = [*overrides, *extra]
     if not overrides:
         raise VerlInputError("no verl launch command (python3 -m verl.trainer.main_ppo key=value ...) "
                              "and no verl key=value overrides in the input")

@@ -1,4 +1,5 @@
-"""`grpo run` (local launcher), `grpo report`, `grpo operator`. No torch here."""
+"""`grpo run` (local launcher), `grpo report`, `grpo operator`. No torch here; kopf and the
+Kubernetes client are imported only when `grpo operator` runs."""
 
 from __future__ import annotations
 
@@ -36,4 +37,40 @@ def report(argv: list[str]) -> int:
         return 2
     print((written[-1]).read_text(), end="")
     print(f"Wrote {len(written)} files to {written[-1].parent}")
+    return 0
+
+
+def operator(argv: list[str]) -> int:
+    from grpo_operator import settings as settings_mod
+    parser = argparse.ArgumentParser(
+        prog="grpo operator",
+        description="The GRPOJob operator (kopf): reconciles GRPOJobs into trainer Jobs and rollout "
+                    "Deployments. Credentials: in-cluster ServiceAccount, else KUBECONFIG. Every option "
+                    "can also be set by its environment variable (the Helm chart does).")
+    parser.add_argument("--verbose", action="store_true", help="debug logging")
+    settings_mod.add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        settings = settings_mod.from_arguments(args)
+    except ValueError as exc:
+        print(f"grpo operator: {exc}", file=sys.stderr)
+        return 2
+
+    import kopf
+
+    from grpo_operator.handlers import register
+    from grpo_operator.kube import Kube
+    from grpo_operator.metrics import OperatorMetrics
+    from grpo_operator.reconciler import Reconciler
+
+    kopf.configure(verbose=args.verbose)
+    metrics = OperatorMetrics()
+    if settings.metrics_port:
+        metrics.serve(settings.metrics_port)
+    registry = kopf.OperatorRegistry()
+    register(registry, Reconciler(Kube(field_manager=settings.field_manager), settings, metrics), settings)
+    # standalone: one replica (the chart's Deployment uses the Recreate strategy), so no
+    # peering objects and no RBAC for them.
+    kopf.run(registry=registry, standalone=True, clusterwide=not settings.namespaces,
+             namespaces=list(settings.namespaces), liveness_endpoint=settings.liveness_endpoint or None)
     return 0

@@ -1,0 +1,82 @@
+"""The operator's own Prometheus metrics (DESIGN.md §7), on their own registry (no global state).
+
+    grpo_operator_jobs{namespace,phase}                    GRPOJobs by phase (at scrape time)
+    grpo_operator_reconcile_duration_seconds{trigger}      one reconcile, observe to act
+    grpo_operator_reconcile_errors_total{kind}             failed reconciles (transient/permanent)
+    grpo_operator_trainer_restarts_total{namespace,job}    trainer Jobs replaced after a failure
+    grpo_operator_transitions_total{namespace,phase}       jobs entering a phase
+
+The dashboards (charts/grpo-operator/dashboards/operator.json) use exactly these names.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter as _Tally
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
+from grpo_api.spec import Phase
+
+JOBS = "grpo_operator_jobs"
+RECONCILE_SECONDS = "grpo_operator_reconcile_duration_seconds"
+RECONCILE_ERRORS = "grpo_operator_reconcile_errors_total"
+RESTARTS = "grpo_operator_trainer_restarts_total"
+TRANSITIONS = "grpo_operator_transitions_total"
+METRIC_NAMES = (JOBS, RECONCILE_SECONDS, RECONCILE_ERRORS, RESTARTS, TRANSITIONS)
+
+
+class OperatorMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._phases: dict[tuple[str, str], str] = {}
+        self._lock = threading.Lock()
+        self.reconcile_seconds = Histogram(
+            RECONCILE_SECONDS, "Duration of one reconcile of a GRPOJob.",
+            ["trigger"], registry=self.registry,
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.reconcile_errors = Counter(
+            RECONCILE_ERRORS, "Reconciles that failed, by kind (transient: retried).",
+            ["kind"], registry=self.registry)
+        self.restarts = Counter(
+            RESTARTS, "Trainer Jobs replaced after a failure.",
+            ["namespace", "job"], registry=self.registry)
+        self.transitions = Counter(
+            TRANSITIONS, "GRPOJobs entering a phase.",
+            ["namespace", "phase"], registry=self.registry)
+        self.registry.register(_PhaseCollector(self))
+
+    def set_phase(self, namespace: str, name: str, phase: str) -> None:
+        with self._lock:
+            old = self._phases.get((namespace, name))
+            self._phases[(namespace, name)] = phase
+        if old is not None and old != phase:
+            self.transitions.labels(namespace=namespace, phase=phase).inc()
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._phases.pop((namespace, name), None)
+
+    def phase_counts(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(_Tally((ns, phase) for (ns, _), phase in self._phases.items()))
+
+    def serve(self, port: int) -> None:
+        start_http_server(port, registry=self.registry)
+
+
+class _PhaseCollector:
+    """`grpo_operator_jobs` from the operator's view at scrape time: a deleted job's series
+    disappears instead of lingering at its last value; every phase is reported, zeros too."""
+
+    def __init__(self, metrics: OperatorMetrics):
+        self._metrics = metrics
+
+    def collect(self):
+        family = GaugeMetricFamily(JOBS, "GRPOJobs by phase.", labels=["namespace", "phase"])
+        counts = self._metrics.phase_counts()
+        for ns in sorted({ns for ns, _ in counts}):
+            for phase in Phase:
+                family.add_metric([ns, phase.value], counts.get((ns, phase.value), 0))
+        yield family

@@ -1,0 +1,49 @@
+"""What the operator checks beyond the CRD schema before it creates anything (pure).
+
+The API server already refused what the schema and its CEL rules can express. What is left:
+the pydantic model (the same one `grpo validate` uses: unknown-field suggestions, patterns),
+Kubernetes-only requirements (a storage URI every pod can reach, a name short enough for the
+children's names) and the pod templates (templates.py). Any error here makes the job `Invalid`
+with no children.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpo_api.jobfile import JobError, parse_job
+from grpo_api.spec import GRPOJob
+
+from grpo_operator import manifests
+from grpo_operator.settings import OperatorSettings
+from grpo_operator.templates import TemplateError
+
+
+def parse_grpojob(obj: dict[str, Any], settings: OperatorSettings) -> tuple[GRPOJob | None, list[str]]:
+    """The job from an API object, or None and every error as 'field.path: reason'."""
+    meta = obj.get("metadata") or {}
+    doc = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
+           "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid")},
+           "spec": obj.get("spec")}
+    try:
+        job = parse_job(doc, source=f"{meta.get('namespace')}/{meta.get('name')}")
+    except JobError as exc:
+        return None, list(exc.errors)
+    errors = kubernetes_errors(job)
+    try:
+        manifests.build_trainer_job(job, settings)
+        manifests.build_rollout_deployment(job, settings)
+    except TemplateError as exc:
+        errors.extend(exc.errors)
+    return (None, errors) if errors else (job, [])
+
+
+def kubernetes_errors(job: GRPOJob) -> list[str]:
+    uri = job.spec.storage.uri
+    if uri is None:
+        return ["spec.storage.uri: required on Kubernetes (e.g. s3://bucket/prefix): the trainer and the "
+                "rollout pods exchange prompts, rollouts and checkpoints through it"]
+    if uri.startswith("file://") and not uri.startswith("file:///"):
+        return [f"spec.storage.uri: a file:// URI must be absolute on Kubernetes (a volume mounted at the "
+                f"same path in every pod) (got {uri!r})"]
+    return []
