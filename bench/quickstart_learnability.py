@@ -54,12 +54,14 @@ def response_mask(resp: torch.Tensor, eos_id: int) -> torch.Tensor:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0, help="model init, data and sampling seed")
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--prompts", type=int, default=16, help="prompts per step (data.trainBatchSize)")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--prompts", type=int, default=64, help="prompts per step (data.trainBatchSize)")
     ap.add_argument("--n", type=int, default=8, help="samples per prompt (rollout.n)")
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--weight-decay", type=float, default=0.01, help="verl's actor.optim.weight_decay")
+    ap.add_argument("--grad-clip", type=float, default=1.0, help="verl's actor.grad_clip")
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--max-new-tokens", type=int, default=6, help="data.maxResponseLength")
+    ap.add_argument("--max-new-tokens", type=int, default=3, help="data.maxResponseLength")
     ap.add_argument("--format-score", type=float, default=FORMAT_SCORE)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--size", type=json.loads, default={}, help='Qwen3Config overrides, JSON, e.g. {"hidden_size": 128}')
@@ -76,7 +78,8 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     eos, pad = tok.eos_token_id, tok.pad_token_id
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    # The trainer's optimizer (grpo_trainer.model.build_optimizer): AdamW, verl's defaults.
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.999))
     print(f"model: {sum(p.numel() for p in model.parameters())} params, vocab {len(tok)}; "
           f"P={args.prompts} n={args.n} lr={args.lr} T={args.temperature} "
           f"max_new={args.max_new_tokens} format_score={args.format_score} seed={args.seed}", flush=True)
@@ -120,6 +123,7 @@ def main() -> None:
         loss = -(adv.unsqueeze(1) * logp * rmask).sum() / rmask.sum()
         opt.zero_grad()
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         opt.step()
 
         mean_r = rewards.mean().item()

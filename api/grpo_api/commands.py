@@ -67,23 +67,7 @@ def from_verl(argv: list[str]) -> int:
         sys.stdout.write(fv.markdown_table())
         return 0
     try:
-        if rest is not None and not args.input:
-            cfg, source = vc.read_command(argv=rest, expand_env=args.expand_env), "arguments"
-        else:
-            if args.input in (None, "-"):
-                text, source = sys.stdin.read(), "stdin"
-            else:
-                try:
-                    with open(args.input, encoding="utf-8") as f:
-                        text, source = f.read(), args.input
-                except OSError as exc:
-                    print(f"grpo from-verl: {args.input}: {exc.strerror}", file=sys.stderr)
-                    return 1
-            doc = vc.looks_like_verl_yaml(text)
-            if doc is not None and rest:
-                parser.error("arguments after -- extend a command, not a YAML config")
-            cfg = (vc.read_yaml(doc, expand_env=args.expand_env) if doc is not None
-                   else vc.read_command(text, extra=rest or [], expand_env=args.expand_env))
+        cfg, source = vc.read_input(args.input, args=rest, expand_env=args.expand_env)
     except vc.VerlInputError as exc:
         print(f"grpo from-verl: {exc}", file=sys.stderr)
         return 1

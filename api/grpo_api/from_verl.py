@@ -7,6 +7,7 @@
   (`algorithm.adv_estimator=gae`) or warn. `absent` is verl's default, written when the input
   leaves the key out and verl's default differs from ours: the job is the one verl would run.
 - `Ignore`: the key has no meaning here (verl performance and infrastructure knobs); a warning.
+- `Check`: the key sets nothing itself but is read; its converter may warn or refuse.
 - `Refuse`: a feature this operator doesn't have; an error unless the value is one of the `ok`
   values that mean "off" (`reward_model.enable=False` is accepted silently).
 
@@ -25,11 +26,12 @@ from typing import Any, Callable
 import yaml
 
 from grpo_api.jobfile import JobError, _child_model, parse_job
-from grpo_api.spec import API_GROUP, API_VERSION, KIND, GRPOJob, GRPOJobSpec
+from grpo_api.spec import API_GROUP, API_VERSION, KIND, GRPOJob, GRPOJobSpec, TrainerSpec
 from grpo_api.verl_command import VerlConfig
 
 MISSING: Any = object()
 SKIP: Any = object()
+NO_DEFAULT: Any = object()       # `absent` for a key verl requires: the converter picks a value
 
 
 class Unsupported(ValueError):
@@ -64,6 +66,16 @@ def Refuse(verl: str, note: str, ok: tuple = ()) -> Rule:
     return Rule(verl, "refuse", note=note, ok=ok)
 
 
+# verl's defaults for the keys converters consult that have no `absent` in RULES (where the
+# other ones live); from verl's ppo_trainer.yaml.
+_VERL_DEFAULTS: dict[str, Any] = {
+    "data.train_batch_size": 1024, "data.max_response_length": 512, "trainer.nnodes": 1,
+    "actor_rollout_ref.actor.use_dynamic_bsz": False, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 16384,
+    "actor_rollout_ref.actor.optim.lr_warmup_steps": -1, "actor_rollout_ref.rollout.val_kwargs.do_sample": False,
+    "custom_reward_function.name": "compute_score", "trainer.resume_mode": "auto",
+}
+
+
 class _Ctx:
     """What a converter sees: the whole verl config, the key at hand, and a way to warn."""
 
@@ -74,9 +86,20 @@ class _Ctx:
         self.absent = False
         self.warnings: list[str] = []
 
-    def get(self, key: str, default: Any = None) -> Any:
-        value = self.flat.get(key, default)
-        return default if value is None else value
+    def get(self, key: str) -> Any:
+        """The value verl runs with: the input's, else verl's default."""
+        value = self.flat.get(key)
+        if value is not None:
+            return value
+        absent = [r.absent for r in _EXACT.get(key, ()) if r.absent not in (MISSING, NO_DEFAULT)]
+        return absent[0] if absent else _VERL_DEFAULTS[key]
+
+    def number(self, key: str) -> int:
+        value = self.get(key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise Unsupported(f"{key}={value!r} is not a whole number (an environment variable left as "
+                              f"written? pass --expand-env)")
+        return value
 
     def has(self, key: str) -> bool:
         return self.flat.get(key) is not None
@@ -87,12 +110,12 @@ class _Ctx:
 
 # --- converters ---------------------------------------------------------------------------------
 
-def _choice(allowed: dict[str, str], refused: dict[str, str] = {}, what: str = "value"):  # noqa: B006
+def _choice(allowed: dict[str, Any], refused: dict[str, str] | None = None, what: str = "value"):
     def convert(value, ctx):
         text = str(value)
         if text in allowed:
             return allowed[text]
-        if text in refused:
+        if refused and text in refused:
             raise Unsupported(refused[text])
         raise Unsupported(f"{text!r} is not a {what} here; supported: {', '.join(sorted(set(allowed)))}")
     return convert
@@ -136,7 +159,7 @@ def _unless(other: str):
 
 
 def _mini_batch(value, ctx):
-    prompts = ctx.get("data.train_batch_size", 1024)
+    prompts = ctx.number("data.train_batch_size")
     if ctx.absent and value > prompts:
         # verl refuses this; the tutorial's command relies on it. One update per batch is the
         # closest meaning: GRPO on fully on-policy data.
@@ -146,15 +169,32 @@ def _mini_batch(value, ctx):
     return value
 
 
+def _micro_batch(value, ctx):
+    if value is not NO_DEFAULT:
+        return value
+    if ctx.has("actor_rollout_ref.actor.ppo_micro_batch_size"):
+        return SKIP
+    mini = min(ctx.number("actor_rollout_ref.actor.ppo_mini_batch_size"), ctx.number("data.train_batch_size"))
+    per_gpu = max(1, mini * ctx.number("actor_rollout_ref.rollout.n") // _gpus(ctx))
+    if per_gpu >= TrainerSpec.model_fields["micro_batch_size_per_gpu"].default:
+        return SKIP                                    # our default fits
+    if not ctx.get("actor_rollout_ref.actor.use_dynamic_bsz"):
+        ctx.warn(f"verl needs it without use_dynamic_bsz; used {per_gpu}, a mini-batch's responses per GPU")
+    return per_gpu
+
+
+def _gpus(ctx) -> int:
+    return max(1, ctx.number("trainer.nnodes") * ctx.number("trainer.n_gpus_per_node"))
+
+
 def _micro_from_global(value, ctx):
     if ctx.has("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"):
         return SKIP
-    gpus = ctx.get("trainer.nnodes", 1) * ctx.get("trainer.n_gpus_per_node", 8)
-    return max(1, int(value) // gpus)
+    return max(1, int(value) // _gpus(ctx))
 
 
 def _token_budget(value, ctx):
-    if not ctx.get("actor_rollout_ref.actor.use_dynamic_bsz", False):
+    if not ctx.get("actor_rollout_ref.actor.use_dynamic_bsz"):
         ctx.warn("ignored, as verl ignores it without actor_rollout_ref.actor.use_dynamic_bsz=True")
         return SKIP
     return value
@@ -162,12 +202,12 @@ def _token_budget(value, ctx):
 
 def _dynamic_bsz(value, ctx):
     if value and not ctx.has("actor_rollout_ref.actor.ppo_max_token_len_per_gpu"):
-        return 16384                                   # verl's ppo_max_token_len_per_gpu default
+        return ctx.get("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")     # verl's default budget
     return SKIP
 
 
 def _val_temperature(value, ctx):
-    if not ctx.get("actor_rollout_ref.rollout.val_kwargs.do_sample", False):
+    if not ctx.get("actor_rollout_ref.rollout.val_kwargs.do_sample"):
         return 0.0                                     # verl validates greedily unless do_sample
     return value
 
@@ -189,18 +229,10 @@ def _warmup_steps(value, ctx):
 
 
 def _warmup_ratio(value, ctx):
-    if not value or ctx.get("actor_rollout_ref.actor.optim.lr_warmup_steps", -1) >= 0:
+    if not value or ctx.get("actor_rollout_ref.actor.optim.lr_warmup_steps") >= 0:
         return SKIP
     raise Unsupported("a warmup ratio needs the run's total steps, which depend on the dataset size; set "
                       "actor_rollout_ref.actor.optim.lr_warmup_steps=N instead (N = ratio x total steps)")
-
-
-def _default_only(default, message: str):
-    def convert(value, ctx):
-        if value is not None and value != default:
-            raise Unsupported(message)
-        return SKIP
-    return convert
 
 
 _TRACKERS = ("wandb", "swanlab", "mlflow", "vemlp_wandb", "tensorboard", "clearml", "trackio")
@@ -231,7 +263,7 @@ def _loggers(value, ctx):
 def _reward_function(value, ctx):
     if not value:
         return SKIP
-    return f"{value}:{ctx.get('custom_reward_function.name', 'compute_score')}"
+    return f"{value}:{ctx.get('custom_reward_function.name')}"
 
 
 def _reward_name(value, ctx):
@@ -240,8 +272,17 @@ def _reward_name(value, ctx):
     return SKIP
 
 
+def _resume_from_path(value, ctx):
+    if ctx.get("trainer.resume_mode") != "resume_path":
+        ctx.warn("ignored, as verl ignores it without trainer.resume_mode=resume_path")
+        return SKIP
+    raise Unsupported("verl checkpoints are not read here: merge the actor into a Hugging Face model (verl's "
+                      "model_merger) and set actor_rollout_ref.model.path to it; this job then resumes from its "
+                      "own checkpoints (resume: auto)")
+
+
 def _max_resp_len(value, ctx):
-    length = ctx.get("data.max_response_length", 512)
+    length = ctx.get("data.max_response_length")
     if value != length:
         ctx.warn(f"the overlong buffer ends at data.max_response_length ({length}) here")
     return SKIP
@@ -267,7 +308,8 @@ RULES: tuple[Rule, ...] = (
     Map("algorithm.norm_adv_by_std_in_grpo", "algorithm.normAdvByStd", "false + seq-mean-token-sum-norm = Dr.GRPO"),
     Map("algorithm.gamma", "algorithm.gamma"),
     Map("algorithm.filter_groups.enable", "algorithm.filterGroups", "DAPO dynamic sampling"),
-    Ignore("algorithm.filter_groups.*", "groups are filtered on the sample reward; no regeneration rounds"),
+    Ignore("algorithm.filter_groups.*", "filterGroups drops the groups whose rewards are all equal; the metric "
+           "and the regeneration limit are not settings here"),
     Refuse("algorithm.use_kl_in_reward", "a KL penalty in the reward is not supported; use "
            "actor_rollout_ref.actor.use_kl_loss=True (the GRPO way)", ok=(False,)),
     Ignore("algorithm.kl_ctrl.*", "only used with use_kl_in_reward, which is off"),
@@ -303,6 +345,7 @@ RULES: tuple[Rule, ...] = (
            "supported: prompts use the model's chat template as is", ok=({},)),
     Ignore("data.gen_batch_size", "DAPO's generation batch: each step samples data.train_batch_size prompts"),
     Ignore("data.tokenizer", "the tokenizer is the model's (or model.tokenizerPath)"),
+    Ignore("data.filter_overlong_prompts_workers", "prompts are filtered in the trainer"),
     Refuse("data.train_max_samples", "use a smaller parquet file", ok=(-1, None)),
     Refuse("data.val_max_samples", "use a smaller parquet file", ok=(-1, None)),
     Ignore("data.*", "a verl dataloader setting with no counterpart here"),
@@ -317,13 +360,23 @@ RULES: tuple[Rule, ...] = (
     Refuse("actor_rollout_ref.model.custom_chat_template", "custom chat templates are not supported: put the "
            "template in the tokenizer (model.tokenizerPath)", ok=(None,)),
     Refuse("actor_rollout_ref.model.external_lib", "external model libraries are not loaded", ok=(None,)),
+    Refuse("actor_rollout_ref.model.override_config.*", "model config overrides are not applied: edit the "
+           "model's config.json", ok=({},)),
+    Refuse("actor_rollout_ref.model.hf_config_path", "the model's config comes from model.path", ok=(None,)),
+    Refuse("actor_rollout_ref.model.mtp.enable", "multi-token prediction is not supported", ok=(False, None)),
+    Ignore("actor_rollout_ref.model.mtp.*", "only used with mtp.enable"),
+    Ignore("actor_rollout_ref.model.lora.*", "only used with LoRA (lora.rank > 0)"),
+    Ignore("actor_rollout_ref.model.lora_alpha", "only used with LoRA (lora_rank > 0)"),
+    Ignore("actor_rollout_ref.model.target_modules", "only used with LoRA (lora_rank > 0)"),
+    Ignore("actor_rollout_ref.model.exclude_modules", "only used with LoRA (lora_rank > 0)"),
     Ignore("actor_rollout_ref.model.*", _SPEED),
     # actor_rollout_ref.actor
     Refuse("actor_rollout_ref.actor.strategy", "the trainer is FSDP2 only (no Megatron)", ok=("fsdp", "fsdp2")),
     Map("actor_rollout_ref.actor.ppo_mini_batch_size", "trainer.miniBatchSize", "prompts per optimizer step "
         "(same unit)", _mini_batch, absent=256),
     Map("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "trainer.microBatchSizePerGPU",
-        "responses per GPU forward (same unit)"),
+        "responses per GPU forward (same unit); not set: min(8, a mini-batch's responses per GPU)", _micro_batch,
+        absent=NO_DEFAULT),
     Map("actor_rollout_ref.actor.ppo_micro_batch_size", "trainer.microBatchSizePerGPU", "deprecated global form: "
         "divided by nnodes x n_gpus_per_node", _micro_from_global),
     Map("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "trainer.maxTokensPerGPU", "only when "
@@ -368,6 +421,11 @@ RULES: tuple[Rule, ...] = (
     Refuse("actor_rollout_ref.actor.optim.num_cycles", "cosine is a half cycle here", ok=(0.5, None)),
     Ignore("actor_rollout_ref.actor.optim.*", "a verl optimizer-implementation setting"),
     Ignore("actor_rollout_ref.actor.fsdp_config.*", _OFFLOAD),
+    Ignore("actor_rollout_ref.actor.checkpoint.*", "checkpoint contents are not a setting here (model, optimizer "
+           "and sampler state)"),
+    Ignore("actor_rollout_ref.actor.profiler.*", "profiling is not configured from the job"),
+    Ignore("actor_rollout_ref.actor.freeze_vision_tower", "vision-language models are not supported"),
+    Ignore("actor_rollout_ref.actor.rollout_n", "verl copies actor_rollout_ref.rollout.n here"),
     Refuse("actor_rollout_ref.actor.megatron.*", "the trainer is FSDP2 only (no Megatron)"),
     Ignore("actor_rollout_ref.actor.*", _SPEED),
     # actor_rollout_ref.ref
@@ -432,8 +490,8 @@ RULES: tuple[Rule, ...] = (
     Map("reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor", "reward.overlongBuffer.penaltyFactor"),
     Check("reward_model.reward_kwargs.max_resp_len", "a warning unless data.max_response_length (where the "
           "buffer ends here)", _max_resp_len),
-    Ignore("reward_model.overlong_buffer.log", "overlong metrics are always logged"),
-    Ignore("reward_model.reward_kwargs.overlong_buffer_cfg.log", "overlong metrics are always logged"),
+    Ignore("reward_model.overlong_buffer.log", "overlong-reward logging is not a setting here"),
+    Ignore("reward_model.reward_kwargs.overlong_buffer_cfg.log", "overlong-reward logging is not a setting here"),
     Refuse("reward_model.sandbox_fusion.url", "code-execution sandboxes are not supported", ok=(None,)),
     Ignore("reward_model.*", "reward-model settings; model-based rewards are off"),
     # critic
@@ -451,16 +509,15 @@ RULES: tuple[Rule, ...] = (
     Map("trainer.total_epochs", "trainer.totalEpochs", absent=30),
     Map("trainer.total_training_steps", "trainer.totalSteps"),
     Map("trainer.test_freq", "trainer.testFreq", "<= 0 = never", _freq),
-    Map("trainer.save_freq", "trainer.saveFreq", "<= 0 = only at the end", _freq),
+    Map("trainer.save_freq", "trainer.saveFreq", "<= 0 = -1 (verl: never; here: once, at the end)", _freq),
     Map("trainer.val_before_train", "trainer.valBeforeTrain"),
     Map("trainer.max_actor_ckpt_to_keep", "trainer.keepCheckpoints", "null = keep all", absent=None),
     Map("trainer.logger", "trainer.loggers", "console; file = jsonl; wandb, swanlab, mlflow... = tensorboard "
         "(a warning)", _loggers, absent=["console", "wandb"]),
     Map("trainer.resume_mode", "resume", "auto, disable = never; resume_path: see resume_from_path",
         _choice({"auto": "auto", "disable": "never", "resume_path": SKIP}, what="resume mode")),
-    Refuse("trainer.resume_from_path", "verl checkpoints are not read here: merge the actor into a Hugging Face "
-           "model (verl's model_merger) and set actor_rollout_ref.model.path to it; this job then resumes "
-           "from its own checkpoints (resume: auto)", ok=(None,)),
+    Check("trainer.resume_from_path", "an error with resume_mode=resume_path: verl checkpoints are not read "
+          "here", _resume_from_path),
     Refuse("trainer.resume_from_checkpoint", "not a verl key (see trainer.resume_from_path): this job resumes "
            "from its own latest checkpoint (resume: auto); for a verl checkpoint, merge it into a Hugging Face "
            "model and use it as actor_rollout_ref.model.path", ok=(None,)),
@@ -468,7 +525,8 @@ RULES: tuple[Rule, ...] = (
     Refuse("trainer.val_only", "validation-only runs are not supported", ok=(False, None)),
     Ignore("trainer.default_local_dir", "checkpoints go under spec.storage.uri/<namespace>/<job>/checkpoints"),
     Ignore("trainer.default_hdfs_dir", "checkpoints go under spec.storage.uri (file:// or s3://)"),
-    Ignore("trainer.balance_batch", "micro-batches are length-balanced here"),
+    Ignore("trainer.balance_batch", "micro-batches are formed from length-sorted samples here"),
+    Ignore("trainer.max_critic_ckpt_to_keep", _CRITIC),
     Ignore("trainer.*", "a verl trainer setting with no counterpart here"),
     # infrastructure
     Ignore("ray_kwargs.*", "no Ray here: pods on Kubernetes, processes locally"),
@@ -485,15 +543,27 @@ for _rule in RULES:
 
 
 def rules_for(key: str) -> list[Rule]:
-    """The rules for a verl key: its own, else the longest matching prefix rule."""
+    """The rules for a verl key: its own, else the longest matching prefix rule; none for a key
+    a prefix rule would take but that looks like a misspelled key of that section."""
     if key in _EXACT:
         return _EXACT[key]
+    if _misspelled(key):
+        return []
     parts = key.split(".")
     for n in range(len(parts), 0, -1):
         prefix = ".".join(parts[:n]) + ".*"
         if prefix in _EXACT:
             return _EXACT[prefix]
     return []
+
+
+def _misspelled(key: str) -> str | None:
+    """The exact key of the same section that `key` is a near miss of (ppo_mini_batch_sz)."""
+    parent, _, leaf = key.rpartition(".")
+    siblings = [k.rpartition(".")[2] for k, rules in _EXACT.items()
+                if k.rpartition(".")[0] == parent and not k.endswith("*") and rules[0].kind != "ignore"]
+    close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.85)
+    return f"{parent}.{close[0]}" if close else None
 
 
 # --- translation --------------------------------------------------------------------------------
@@ -509,6 +579,11 @@ class Translation:
 _LISTED = 8          # ignored keys named per reason (a full verl config dump has hundreds)
 
 
+def _listed(keys: list[str]) -> str:
+    more = f" and {len(keys) - _LISTED} more" if len(keys) > _LISTED else ""
+    return ", ".join(keys[:_LISTED]) + more
+
+
 def _set(doc: dict, path: str, value: Any) -> None:
     parts = path.split(".")
     node = doc if parts[0] == "metadata" else doc.setdefault("spec", {})
@@ -518,16 +593,19 @@ def _set(doc: dict, path: str, value: Any) -> None:
 
 
 def _show(key: str, value: Any, absent: bool) -> str:
+    if value is NO_DEFAULT:
+        return f"{key} (not set)"
     return f"{key} (not set: verl's default {value!r})" if absent else f"{key}={value!r}"
 
 
 def translate(cfg: VerlConfig, *, name: str | None = None, namespace: str | None = None,
               expand_env: bool = False) -> Translation:
     """The GRPOJob for a verl config; every warning and error, each naming the verl key."""
-    warnings, errors = list(cfg.warnings), list(cfg.errors)
+    warnings, errors = list(cfg.warnings), []
     doc: dict = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "metadata": {}, "spec": {}}
     origin: dict[str, str] = {}
-    ignored: dict[str, list[str]] = {}
+    ignored: dict[str, list[str]] = {}           # reason -> keys, one message per reason
+    refused: dict[str, list[str]] = {}
     ctx = _Ctx(cfg.flat, expand_env)
     for option in cfg.hydra_options:
         if "megatron" in option:
@@ -545,7 +623,7 @@ def translate(cfg: VerlConfig, *, name: str | None = None, namespace: str | None
             return
         if rule.kind == "refuse":
             if value not in rule.ok:
-                errors.append(f"{shown}: {rule.note}")
+                refused.setdefault(rule.note, []).append(shown)
             return
         if value is None:
             # null is verl's "unset": our default, unless null means something here too.
@@ -559,6 +637,9 @@ def translate(cfg: VerlConfig, *, name: str | None = None, namespace: str | None
         except Unsupported as exc:
             errors.append(f"{shown}: {exc}")
             return
+        except (TypeError, ValueError) as exc:       # e.g. a number where a list belongs
+            errors.append(f"{shown}: not a value this key takes ({exc})")
+            return
         warnings.extend(ctx.warnings)
         if out is not SKIP and rule.field:
             _set(doc, rule.field, out)
@@ -567,17 +648,17 @@ def translate(cfg: VerlConfig, *, name: str | None = None, namespace: str | None
     for key, value in cfg.flat.items():
         rules = rules_for(key)
         if not rules:
-            close = difflib.get_close_matches(key, [r.verl for r in RULES if not r.verl.endswith("*")], n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
+            close = _misspelled(key) or next(iter(difflib.get_close_matches(
+                key, [r.verl for r in RULES if not r.verl.endswith("*")], n=1)), None)
+            hint = f"; did you mean {close}?" if close else ""
             warnings.append(f"{key}={value!r}: not a verl key this translator knows; ignored{hint}")
         for rule in rules:
             apply(rule, key, value, absent=False)
     for rule in RULES:
         if rule.absent is not MISSING and rule.verl not in cfg.flat:
             apply(rule, rule.verl, rule.absent, absent=True)
-    for reason, keys in ignored.items():
-        more = f" and {len(keys) - _LISTED} more" if len(keys) > _LISTED else ""
-        warnings.append(f"{', '.join(keys[:_LISTED])}{more}: ignored: {reason}")
+    warnings += [f"{_listed(keys)}: ignored: {reason}" for reason, keys in ignored.items()]
+    errors += [f"{_listed(keys)}: {reason}" for reason, keys in refused.items()]
     if name:
         doc["metadata"]["name"] = name
     if namespace:
@@ -654,7 +735,8 @@ def markdown_table() -> str:
         kind = {"map": "maps", "check": "checked", "ignore": "warning", "refuse": "error"}[r.kind]
         if r.kind == "refuse" and r.ok:
             kind = "error unless " + " / ".join("null" if v is None else str(v) for v in r.ok)
-        absent = "" if r.absent is MISSING else ("null" if r.absent is None else f"`{r.absent}`")
+        absent = ("" if r.absent is MISSING else "computed" if r.absent is NO_DEFAULT
+                  else "null" if r.absent is None else f"`{r.absent}`")
         rows.append(f"| `{r.verl}` | {f'`{target}`' if r.field else target} | {cell(kind)} | {absent} | "
                     f"{cell(r.note)} |")
     return "\n".join(rows) + "\n"

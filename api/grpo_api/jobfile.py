@@ -159,7 +159,8 @@ def k8s_yaml(obj) -> str:
 
 def dump_job(job: GRPOJob) -> str:
     """The resolved job as YAML (camelCase, defaults filled in): what the pods read."""
-    return k8s_yaml(job.model_dump(mode="json", by_alias=True, exclude_none=True))
+    # None is kept: an explicit null (e.g. keepCheckpoints: null, keep all) must survive the trip.
+    return k8s_yaml(job.model_dump(mode="json", by_alias=True, exclude={"status"}))
 
 
 def spec_from_yaml(text: str) -> GRPOJobSpec:

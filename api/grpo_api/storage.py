@@ -98,9 +98,10 @@ class Storage:
 
     def resolve(self, uri: str) -> tuple[pafs.FileSystem, str]:
         """The pyarrow file system and the path within it for a URI, for callers that stream
-        large files themselves (e.g. checkpoints)."""
-        if uri.startswith("file://"):
-            path = uri[len("file://"):]
+        large files themselves (e.g. checkpoints). A plain path is a local file, as in verl's
+        data.train_files."""
+        if uri.startswith("file://") or "://" not in uri:
+            path = uri.removeprefix("file://")
             return self._local, str(Path(path).absolute()) if path else os.getcwd()
         if uri.startswith("s3://"):
             if self._s3 is None:

@@ -20,7 +20,9 @@ import ast
 import operator
 import os
 import re
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -48,7 +50,6 @@ class VerlConfig:
     added: set[str] = field(default_factory=set)
     deleted: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
     entry: str | None = None          # e.g. "verl.trainer.main_ppo"
     hydra_options: list[str] = field(default_factory=list)
 
@@ -57,17 +58,18 @@ class VerlConfig:
 
 @dataclass
 class _Part:
-    kind: str          # lit | var | arith | cmd
+    kind: str          # lit | var | arith | cmd | array
     text: str          # literal text, or the expansion's inside (NAME, NAME:-x, a * b, cmd)
     quoted: bool
     raw: str = ""      # the expansion as written, kept when it is left unexpanded
+    items: list = field(default_factory=list)   # array: the elements' words (`NAME=(a b)`)
 
 
 class _Lexer:
     """Splits shell text into commands of words; each word a list of parts, expansions unexpanded."""
 
     def __init__(self, text: str):
-        self.s, self.i = text, 0
+        self.s, self.i = text.replace("\r\n", "\n"), 0
         self.commands: list[list[list[_Part]]] = []
         self.words: list[list[_Part]] = []
         self.parts: list[_Part] = []
@@ -84,10 +86,10 @@ class _Lexer:
             self.buf_quoted = quoted
         self.buf += text
 
-    def _end_word(self, started: bool = False) -> None:
+    def _end_word(self) -> None:
         self._flush_lit()
-        if self.parts or started:
-            self.words.append(self.parts or [_Part("lit", "", True)])
+        if self.parts:
+            self.words.append(self.parts)
         self.parts = []
 
     def _end_command(self) -> None:
@@ -152,6 +154,14 @@ class _Lexer:
             end = i + 1
         self.i = end
 
+    def _backtick(self, quoted: bool) -> None:
+        end = self.s.find("`", self.i + 1) + 1
+        if not end:
+            raise VerlInputError("unterminated ` in the shell input")
+        self._flush_lit()
+        self.parts.append(_Part("cmd", self.s[self.i + 1:end - 1], quoted, self.s[self.i:end]))
+        self.i = end
+
     def _double_quoted(self) -> None:
         s = self.s
         self.i += 1
@@ -164,10 +174,7 @@ class _Lexer:
             elif c == "$":
                 self._dollar(True)
             elif c == "`":
-                end = s.index("`", self.i + 1) + 1
-                self._flush_lit()
-                self.parts.append(_Part("cmd", s[self.i + 1:end - 1], True, s[self.i:end]))
-                self.i = end
+                self._backtick(True)
             else:
                 self._lit(c, True)
                 self.i += 1
@@ -176,7 +183,7 @@ class _Lexer:
         self.i += 1
 
     def _redirect(self) -> None:
-        """Drop a redirection (`2>&1`, `> log`, `| tee`-free forms) and its target word."""
+        """Drop a redirection (`2>&1`, `> log`, `&> log`) and its target word."""
         if self.buf.isdigit() and not self.parts:
             self.buf = ""
         self._end_word()
@@ -217,10 +224,7 @@ class _Lexer:
         elif c == "$":
             self._dollar(False)
         elif c == "`":
-            end = s.index("`", self.i + 1) + 1
-            self._flush_lit()
-            self.parts.append(_Part("cmd", s[self.i + 1:end - 1], False, s[self.i:end]))
-            self.i = end
+            self._backtick(False)
         else:
             self._lit(c, False)
             self.i += 1
@@ -232,6 +236,12 @@ class _Lexer:
             if c in " \t\r":
                 self._end_word()
                 self.i += 1
+            elif c == "(" and not self.parts and re.fullmatch(r"[A-Za-z_]\w*=", self.buf):
+                end = self._matching(self.i + 1, "(", ")")          # NAME=( a b ... ): an array
+                items = [w for cmd in _Lexer(self.s[self.i + 1:end - 1]).run() for w in cmd]
+                self._flush_lit()
+                self.parts.append(_Part("array", "", False, self.s[self.i:end], items))
+                self.i = end
             elif c == "\n" or c in ";|&()":
                 if c == "&" and self.i + 1 < len(s) and s[self.i + 1] == ">":
                     self._redirect()
@@ -279,10 +289,13 @@ def _arith(expr: str, lookup) -> int:
 class _Expander:
     def __init__(self, expand_env: bool):
         self.vars: dict[str, str] = {}
+        self.arrays: dict[str, list[str]] = {}
         self.expand_env = expand_env
         self.left: list[str] = []          # references left as written
 
     def lookup(self, name: str) -> str | None:
+        if name.isdigit():
+            return None                   # the script's arguments: none here
         if name in self.vars:
             return self.vars[name]
         if self.expand_env and name in os.environ:
@@ -312,7 +325,9 @@ class _Expander:
             return value
         cfg.flat = {k: back(v) for k, v in cfg.flat.items()}
         for ref in self.left:
-            if ref in used and ref.startswith(("$(", "`")):
+            if ref in used and ref.startswith("$(("):
+                cfg.warnings.append(f"{ref}: arithmetic on values this translator doesn't know; left as written")
+            elif ref in used and ref.startswith(("$(", "`")):
                 cfg.warnings.append(f"{ref}: command substitution is not run; left as written")
             elif ref in used:
                 cfg.warnings.append(f"{ref} is left as written; pass --expand-env to take it from the environment")
@@ -321,7 +336,7 @@ class _Expander:
         inner = part.text
         if inner in ("@", "*", "#", "?", "!", "$") or inner.isdigit():
             return ""                     # a script's own arguments: none here
-        m = re.fullmatch(r"([A-Za-z_]\w*)(?:(:?[-=+])(.*)|(,,|\^\^))?", inner, re.S)
+        m = re.fullmatch(r"([A-Za-z_]\w*|\d+)(?:(:?[-=+])(.*)|(,,|\^\^))?", inner, re.S)
         if not m:
             return self._keep(part)
         name, op, arg, case = m.groups()
@@ -340,6 +355,14 @@ class _Expander:
         """A `${VAR:-default}` default: its own quotes and expansions, words joined."""
         words = [w for cmd in _Lexer(text).run() for w in cmd]
         return " ".join(filter(None, (self.word(w) for w in words)))
+
+    def words(self, parts: list[_Part]) -> list[str]:
+        """A word's expansion: none, one, or an array's elements (`"${CONFIG[@]}"`)."""
+        m = re.fullmatch(r"([A-Za-z_]\w*)\[[@*]\]", parts[0].text) if len(parts) == 1 else None
+        if m and parts[0].kind == "var":
+            return list(self.arrays.get(m.group(1), []))
+        word = self.word(parts)
+        return [] if word is None else [word]
 
     def word(self, parts: list[_Part]) -> str | None:
         """The word's text; None when it expands to nothing (an unquoted empty expansion)."""
@@ -368,8 +391,32 @@ class _Expander:
         m = re.match(r"([A-Za-z_]\w*)=", first.text) if first.kind == "lit" and not first.quoted else None
         if not m:
             return None
+        if len(parts) == 2 and parts[1].kind == "array" and first.text == m.group(0):
+            self.arrays[m.group(1)] = [w for item in parts[1].items for w in self.words(item)]
+            return m.group(1), ""
         rest = [_Part("lit", first.text[m.end():], False), *parts[1:]]
         return m.group(1), self.word(rest) or ""
+
+
+def read_input(path: str | None, *, args: list[str] | None = None,
+               expand_env: bool = False) -> tuple[VerlConfig, str]:
+    """What `grpo from-verl` reads, and a name for it: a file or stdin (`-` or None) holding a
+    command or a YAML config, and/or arguments (appended to a command, as its `$@`)."""
+    if args is not None and not path:
+        return read_command(argv=args, expand_env=expand_env), "arguments"
+    if path in (None, "-"):
+        text, source = sys.stdin.read(), "stdin"
+    else:
+        try:
+            text, source = Path(path).read_text(encoding="utf-8"), path
+        except (OSError, UnicodeDecodeError) as exc:
+            raise VerlInputError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from None
+    doc = looks_like_verl_yaml(text)
+    if doc is None:
+        return read_command(text, extra=args or [], expand_env=expand_env), source
+    if args:
+        raise VerlInputError("arguments after -- extend a command, not a YAML config")
+    return read_yaml(doc, expand_env=expand_env), source
 
 
 def _find_entry(words: list[str]) -> int | None:
@@ -393,13 +440,14 @@ def read_command(text: str | None = None, *, argv: list[str] | None = None, extr
     else:
         commands = []
         for words in _Lexer(text).run():
-            if len(words[0]) == 1 and words[0][0].text in ("export", "declare", "local", "readonly"):
+            first = words[0][0]
+            if len(words[0]) == 1 and first.kind == "lit" and first.text in ("export", "declare", "local", "readonly"):
                 words = [w for w in words[1:] if not (w[0].kind == "lit" and w[0].text.startswith("-"))]
             assigns = [exp.assignment(w) for w in words]
             if words and all(assigns):
-                exp.vars.update(dict(assigns))
+                exp.vars.update((k, v) for k, v in assigns if k not in exp.arrays)
                 continue
-            expanded = [w for w in (exp.word(p) for p in words) if w is not None]
+            expanded = [w for p in words for w in exp.words(p)]
             if expanded:
                 commands.append(expanded)
     overrides: list[str] = []

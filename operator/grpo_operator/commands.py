@@ -63,7 +63,10 @@ def operator(argv: list[str]) -> int:
     from grpo_operator.metrics import OperatorMetrics
     from grpo_operator.reconciler import Reconciler
 
+    import logging
     kopf.configure(verbose=args.verbose)
+    if not args.verbose:  # kopf logs every handler call at INFO: one line per pod status change
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     metrics = OperatorMetrics()
     if settings.metrics_port:
         metrics.serve(settings.metrics_port)

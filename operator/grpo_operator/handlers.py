@@ -37,6 +37,12 @@ MANAGED = f"app.kubernetes.io/managed-by={names.MANAGER}"
 def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: OperatorSettings) -> None:
     """Registers the handlers on `registry` (not kopf's global default)."""
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs):
+        # The official client's config (in-cluster, else KUBECONFIG), as kube.py uses it. Named
+        # explicitly: a custom registry has none of kopf's fallback login handlers.
+        return kopf.login_via_client(**kwargs)
+
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_) -> None:
         # Only the resources known at start (the CRD is installed before the operator) and

@@ -33,8 +33,13 @@ PLURALS = {
 
 class KubeError(Exception):
     def __init__(self, status: int, reason: str, message: str):
-        self.status, self.reason = status, reason
+        self.status, self.reason, self.message = status, reason, message
         super().__init__(f"{status} {reason}: {message}")
+
+    @property
+    def gone(self) -> bool:
+        """The object, or its namespace, is going away: nothing to reconcile any more."""
+        return self.status == 404 or (self.status == 403 and "is being terminated" in self.message)
 
     @property
     def transient(self) -> bool:

@@ -305,7 +305,8 @@ def build_pod_monitor(job: GRPOJob, settings: OperatorSettings) -> dict[str, Any
                                       "values": [str(i) for i in range(1, job.spec.trainer.nnodes)]}]
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor", "metadata": meta, "spec": {
         "selector": match,
-        "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
+        # honorLabels: the metrics' own `job` label (the GRPOJob's name) wins over the scrape job's.
+        "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s", "honorLabels": True}],
     }}
 
 

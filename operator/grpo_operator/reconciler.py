@@ -98,7 +98,7 @@ class Reconciler:
         try:
             self.reconcile(*key, read_progress=read_progress)
         except KubeError as exc:
-            if exc.status == 404:  # deleted while we looked: the next event says so
+            if exc.gone:  # deleted while we looked (or its namespace is): the next event says so
                 log.debug("%s/%s: gone during the reconcile: %s", *key, exc)
                 return
             kind = "transient" if exc.transient else "permanent"

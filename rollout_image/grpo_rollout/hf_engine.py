@@ -65,6 +65,9 @@ class HFEngine(Engine):
 
         self._model_path = str(model_path)
         self._device = torch.device(device)
+        if self._device.type == "cuda" and self._device.index is None:
+            # An explicit index: the collective path pins this GPU with torch.cuda.set_device.
+            self._device = torch.device("cuda", torch.cuda.current_device())
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path or model_path), trust_remote_code=trust_remote_code)
         self.model = AutoModelForCausalLM.from_pretrained(
             str(model_path), dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code).to(self._device).eval()

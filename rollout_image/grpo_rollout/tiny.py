@@ -49,9 +49,10 @@ DEFAULT_SIZE = dict(
     num_key_value_heads=2,
     head_dim=16,
     max_position_embeddings=256,
-    # Tied embeddings: fewer parameters and, at init, a mild bias to repeat input tokens,
-    # which is the very skill the copy task rewards.
-    tie_word_embeddings=True,
+    # Untied (as Qwen3-8B). Tied embeddings made GRPO collapse here: learning to emit "####"
+    # grows its embedding, which then makes "####" predict itself ("#### #### ####", reward 0,
+    # no gradient left) in the benchmark (bench/RESULTS.md).
+    tie_word_embeddings=False,
 )
 
 
@@ -115,7 +116,7 @@ def build_tiny_model(out_dir: str | Path, arch: str = "qwen3", vocab: list[str] 
         model = Qwen3ForCausalLM(config)
     model.generation_config = GenerationConfig(
         eos_token_id=ids(IM_END), pad_token_id=ids(PAD), bos_token_id=None,
-        do_sample=True, temperature=1.0, top_p=1.0, top_k=0)
+        do_sample=True, temperature=1.0, top_p=1.0)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     # transformers 5 writes its own class name ("TokenizersBackend"); the 4.x name loads in both.

@@ -136,12 +136,16 @@ class _Group:
         self._pg.broadcast([tensor], self._broadcast_options).wait()
 
     def close(self) -> None:
-        shutdown = getattr(self._pg, "shutdown", None)
-        if shutdown is not None:
-            try:
-                shutdown()
-            except Exception:  # the group may already be broken; we are leaving it anyway
-                pass
+        # abort, not shutdown: a graceful NCCL shutdown waits for the peers to leave too, and
+        # they keep the group until they are told to form a new one.
+        for name in ("abort", "shutdown"):
+            stop = getattr(self._pg, name, None)
+            if stop is not None:
+                try:
+                    stop()
+                except Exception:  # a broken group may refuse; it is dropped either way
+                    pass
+                break
         self._pg = None
         self._store = None
 
@@ -261,18 +265,28 @@ class WeightReceiver:
         """Start receiving `plan` in the background; returns at once."""
         if plan.group_id in self._dead_groups:
             raise WeightSyncConflict(f"group {plan.group_id} failed earlier; re-form it with a new group_id")
-        if plan.backend == "nccl" and self._engine.device.type != "cuda":
-            raise ValueError("backend nccl needs an engine on a GPU; use gloo on CPU")
+        # Everything that can be checked here is: an error in the reply reaches the trainer
+        # before it blocks in a collective that this server would never join.
+        device = self._collective_device(plan.backend)
         if self._thread is not None and self._thread.is_alive():
             raise WeightSyncConflict(f"a collective weight sync (version {self.sync_version}) is still running")
         self.sync_error, self.sync_version = "", plan.version
-        self._thread = threading.Thread(target=self._run_collective, args=(plan,), name="weight-sync", daemon=True)
+        self._thread = threading.Thread(target=self._run_collective, args=(plan, device), name="weight-sync",
+                                        daemon=True)
         self._thread.start()
 
-    def _run_collective(self, plan: CollectivePlan) -> None:
+    def _collective_device(self, backend: str) -> torch.device:
+        if backend == "gloo":
+            return torch.device("cpu")
+        device = self._engine.device
+        if device.type != "cuda" or device.index is None:
+            raise ValueError(f"backend nccl needs an engine on one GPU (engine device: {device}); use gloo on CPU")
+        return device
+
+    def _run_collective(self, plan: CollectivePlan, device: torch.device) -> None:
         with self._update_lock:
             try:
-                group = self._join(plan)
+                group = self._join(plan, device)
                 self._begin(plan.version, len(plan.buckets))
                 for bucket in plan.buckets:
                     buffer = torch.empty(bucket.nbytes, dtype=torch.uint8, device=group.device)
@@ -288,7 +302,7 @@ class WeightReceiver:
                     self._group.close()
                     self._group = None
 
-    def _join(self, plan: CollectivePlan) -> _Group:
+    def _join(self, plan: CollectivePlan, device: torch.device) -> _Group:
         if self._group is not None and self._group.id == plan.group_id:
             return self._group
         if self._group is not None:
@@ -296,7 +310,6 @@ class WeightReceiver:
             self._dead_groups.add(self._group.id)
             self._group.close()
             self._group = None
-        device = self._engine.device if plan.backend == "nccl" else torch.device("cpu")
         log.info("joining weight-sync group %s at %s:%d as rank %d of %d (%s)", plan.group_id, plan.master_addr,
                  plan.master_port, plan.rank, plan.world_size, plan.backend)
         self._group = _Group(plan, device)

@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+from grpo_api.records import PROMPT_SCHEMA
 from grpo_api.spec import GRPOJobSpec
 from grpo_api.storage import Storage
 from grpo_rollout.engine import Engine, EngineInfo, SamplingParams
@@ -119,7 +120,7 @@ class RolloutWorker:
 
     def generate(self, job: GenerateJob) -> GenerateResult:
         params = resolve_sampling(self.spec, job)
-        prompts = Prompt.rows(self.storage.read_table(job.prompt_uri))
+        prompts = Prompt.rows(self.storage.read_table(job.prompt_uri, PROMPT_SCHEMA))
         with self.metrics.in_flight(), self.engine_lock:
             version = self._check_version(job.expected_policy_version)
             started = time.monotonic()

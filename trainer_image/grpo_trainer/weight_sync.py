@@ -230,12 +230,16 @@ class _Group:
         self._pg.broadcast([tensor], self._opts).wait()
 
     def close(self) -> None:
-        shutdown = getattr(self._pg, "shutdown", None)
-        if shutdown is not None:
-            try:
-                shutdown()
-            except Exception:  # a broken group may refuse; it is dropped either way
-                pass
+        # abort, not shutdown: a graceful NCCL shutdown waits for the peers to leave too, and
+        # they keep the group until they are told to form a new one.
+        for name in ("abort", "shutdown"):
+            stop = getattr(self._pg, name, None)
+            if stop is not None:
+                try:
+                    stop()
+                except Exception:  # a broken group may refuse; it is dropped either way
+                    pass
+                break
         self._pg = None
 
 

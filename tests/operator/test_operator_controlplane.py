@@ -1,0 +1,373 @@
+"""The operator against a real kube-apiserver + kube-controller-manager, running as a subprocess
+under the chart's ServiceAccount and RBAC. The tests play the kubelet (pod status patches); the
+Job, ReplicaSet and garbage-collector controllers are the real ones."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from datetime import datetime, timezone
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from conftest import eventually, kubectl
+from operator_helpers import GROUP, PLURAL, VERSION, body
+
+pytestmark = pytest.mark.controlplane
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+class Cluster:
+    """Admin-side view of one test namespace."""
+
+    def __init__(self, api_client, ns: str, storage_root):
+        self.ns, self.storage_root = ns, storage_root
+        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self.batch = client.BatchV1Api(api_client)
+        self.apps = client.AppsV1Api(api_client)
+        self.net = client.NetworkingV1Api(api_client)
+
+    def create(self, name="demo", **changes) -> dict:
+        changes = {"storage.uri": f"file://{self.storage_root}", "storage.secretRef": None, **changes}
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body(name, self.ns, **changes))
+
+    def get(self, name="demo") -> dict | None:
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def patch_spec(self, name, spec: dict) -> dict:
+        return self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name, {"spec": spec})
+
+    def status(self, name="demo") -> dict:
+        return (self.get(name) or {}).get("status") or {}
+
+    def condition(self, type_, name="demo") -> dict | None:
+        return next((c for c in self.status(name).get("conditions", []) if c["type"] == type_), None)
+
+    def wait_phase(self, phase, name="demo", timeout=30) -> dict:
+        return eventually(lambda: self.status(name) if self.status(name).get("phase") == phase else None,
+                          timeout=timeout, what=f"{name} phase {phase} (now {self.status(name)})")
+
+    def trainer_job(self, name="demo"):
+        try:
+            return self.batch.read_namespaced_job(f"{name}-trainer", self.ns)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def deployment(self, name="demo"):
+        try:
+            return self.apps.read_namespaced_deployment(f"{name}-rollout", self.ns)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def pods(self, name="demo", role=None):
+        selector = f"grpo.dev/job={name}" + (f",grpo.dev/role={role}" if role else "")
+        return [p for p in self.core.list_namespaced_pod(self.ns, label_selector=selector).items
+                if p.metadata.deletion_timestamp is None]
+
+    def trainer_pods(self, name="demo", attempt=None, count=2):
+        def current():
+            pods = [p for p in self.pods(name, "trainer")
+                    if attempt is None or p.metadata.labels.get("grpo.dev/attempt") == str(attempt)]
+            return pods if len(pods) >= count else None
+        return eventually(current, what=f"{count} trainer pods of {name} (attempt {attempt})")
+
+    def kubelet(self, pod, phase, *, waiting=None, exit_code=None):
+        """What the kubelet would report for the pod."""
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if waiting:
+            state = {"waiting": {"reason": waiting, "message": f"{waiting}: pull access denied for the image"}}
+        elif exit_code is not None:
+            state = {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                                    "startedAt": now, "finishedAt": now}}
+        else:
+            state = {"running": {"startedAt": now}}
+        c = pod.spec.containers[0]
+        status = {"phase": phase, "containerStatuses": [{
+            "name": c.name, "image": c.image, "imageID": "", "ready": phase == "Running",
+            "restartCount": 0, "state": state}]}
+        if phase == "Running":
+            status["conditions"] = [{"type": "Ready", "status": "True"}]
+        self.core.patch_namespaced_pod_status(pod.metadata.name, self.ns, {"status": status})
+
+    def run_all(self, name="demo", trainer_count=2, rollout_count=2, attempt=None):
+        for p in self.trainer_pods(name, attempt=attempt, count=trainer_count):
+            self.kubelet(p, "Running")
+        rollouts = eventually(lambda: (ps := self.pods(name, "rollout")) and len(ps) >= rollout_count and ps,
+                              what="rollout pods")
+        for p in rollouts:
+            self.kubelet(p, "Running")
+
+    def events(self, name="demo") -> list:
+        return [e for e in self.core.list_namespaced_event(self.ns).items
+                if e.involved_object.kind == "GRPOJob" and e.involved_object.name == name]
+
+    def children(self, name="demo") -> dict[str, list]:
+        sel = f"grpo.dev/job={name}"
+        return {
+            "configmaps": self.core.list_namespaced_config_map(self.ns, label_selector=sel).items,
+            "secrets": self.core.list_namespaced_secret(self.ns, label_selector=sel).items,
+            "services": self.core.list_namespaced_service(self.ns, label_selector=sel).items,
+            "jobs": self.batch.list_namespaced_job(self.ns, label_selector=sel).items,
+            "deployments": self.apps.list_namespaced_deployment(self.ns, label_selector=sel).items,
+            "networkpolicies": self.net.list_namespaced_network_policy(self.ns, label_selector=sel).items,
+            "podmonitors": self.custom.list_namespaced_custom_object(
+                "monitoring.coreos.com", "v1", self.ns, "podmonitors", label_selector=sel)["items"],
+        }
+
+
+@pytest.fixture
+def k(admin_client, namespace, storage_root, operator) -> Cluster:
+    return Cluster(admin_client, namespace, storage_root)
+
+
+def write_progress(storage_root, ns, name, **progress):
+    root = storage_root / ns / name
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "progress.json").write_text(json.dumps(progress))
+
+
+# --- tests -----------------------------------------------------------------------------------
+
+def test_create_makes_owned_children_wired_for_torchrun(k, control_plane, kubectl_bin):
+    gj = k.create()
+    uid = gj["metadata"]["uid"]
+    kids = eventually(lambda: (c := k.children()) and all(c.values()) and c, what="every child")
+    assert {kind: [o["metadata"]["name"] if isinstance(o, dict) else o.metadata.name for o in objs]
+            for kind, objs in kids.items()} == {
+        "configmaps": ["demo-spec"], "secrets": ["demo-rpc"], "services": ["demo-rollout", "demo-trainer"],
+        "jobs": ["demo-trainer"], "deployments": ["demo-rollout"], "networkpolicies": ["demo-rollout"],
+        "podmonitors": ["demo"]}
+    for objs in kids.values():
+        for o in objs:
+            refs = o["metadata"]["ownerReferences"] if isinstance(o, dict) else o.metadata.owner_references
+            (ref,) = refs
+            ref = ref if isinstance(ref, dict) else ref.to_dict()
+            assert ref["uid"] == uid and ref["controller"] is True
+            assert ref.get("blockOwnerDeletion", ref.get("block_owner_deletion")) is True
+
+    # The Job controller makes one pod per node rank, with the rendezvous hostname.
+    pods = sorted(k.trainer_pods(), key=lambda p: p.spec.hostname)
+    assert [p.spec.hostname for p in pods] == ["demo-trainer-0", "demo-trainer-1"]
+    for p in pods:
+        assert p.spec.subdomain == "demo-trainer"
+        c = p.spec.containers[0]
+        env = {e.name: e for e in c.env}
+        assert "JOB_COMPLETION_INDEX" in env               # injected by the Job controller
+        assert "--node-rank=$(JOB_COMPLETION_INDEX)" in c.args
+        assert "--master-addr=demo-trainer-0.demo-trainer" in c.args
+        assert f"dns:///demo-rollout.{k.ns}.svc.cluster.local:50051" in c.args
+        assert c.resources.limits["nvidia.com/gpu"] == "4"
+    assert k.status()["phase"] == "Pending"
+    assert k.condition("Created")["status"] == "True"
+    assert "TrainerCreated" in [e.reason for e in k.events()]
+
+    k.run_all()
+    st = k.wait_phase("Running")
+    assert k.condition("Running")["status"] == "True"
+    assert st["observedGeneration"] == 1 and st["startTime"]
+
+    write_progress(k.storage_root, k.ns, "demo", step=3, totalSteps=10, epoch=0, policyVersion=3,
+                   rewardMean=0.625, validationScore=0.5, lastCheckpoint="file:///x/checkpoints/step-2",
+                   tokensPerSecond=123.0)
+    eventually(lambda: (k.status().get("progress") or {}).get("step") == 3, what="progress in the status")
+    assert k.status()["progress"] == {"step": 3, "totalSteps": 10, "epoch": 0, "policyVersion": 3,
+                                      "rewardMean": 0.625, "validationScore": 0.5,
+                                      "lastCheckpoint": "file:///x/checkpoints/step-2"}
+    out = kubectl(kubectl_bin, control_plane, "-n", k.ns, "get", "gj").stdout.splitlines()
+    assert out[0].split() == ["NAME", "PHASE", "STEP", "TOTAL", "REWARD", "VAL", "AGE"]
+    assert out[1].split()[:6] == ["demo", "Running", "3", "10", "0.625", "0.5"]
+
+    # The token is in the Secret and nowhere else the operator writes.
+    token = k.core.read_namespaced_secret("demo-rpc", k.ns).data["token"]
+    import base64
+    plain = base64.b64decode(token).decode()
+    assert len(plain) == 64
+    assert plain not in json.dumps(k.get()) and plain not in json.dumps(kids["configmaps"][0].data)
+
+
+def test_trainer_failure_restarts_then_fails_after_backoff_limit(k):
+    k.create(**{"runPolicy.backoffLimit": 1})
+    first = k.trainer_pods(attempt=0)
+    old_uid = k.trainer_job().metadata.uid
+    k.kubelet(first[0], "Failed", exit_code=1)      # rank 0 crashed: the Job fails (backoffLimit 0)
+    st = k.wait_phase("Restarting")
+    assert st["restarts"] == 1
+    new = eventually(lambda: (j := k.trainer_job()) and j.metadata.uid != old_uid and j, what="a new trainer Job")
+    assert new.metadata.labels["grpo.dev/attempt"] == "1"
+    failed_event = next(e for e in k.events() if e.reason == "TrainerFailed")
+    assert "restart 1 of 1" in failed_event.message and failed_event.type == "Warning"
+
+    k.kubelet(k.trainer_pods(attempt=1)[1], "Failed", exit_code=1)
+    st = k.wait_phase("Failed")
+    assert st["restarts"] == 1 and st["completionTime"]
+    failed = k.condition("Failed")
+    assert failed["reason"] == "BackoffLimitExceeded" and "runPolicy.backoffLimit=1" in failed["message"]
+    eventually(lambda: k.deployment().spec.replicas == 0, what="rollout scaled to zero")
+    assert k.trainer_job().metadata.labels["grpo.dev/attempt"] == "1"   # kept for `kubectl logs`
+
+
+def test_success_scales_rollout_to_zero_then_ttl_deletes_the_job(k):
+    k.create(**{"runPolicy.ttlSecondsAfterFinished": 4})
+    k.run_all()
+    k.wait_phase("Running")
+    for p in k.trainer_pods():
+        k.kubelet(p, "Succeeded", exit_code=0)
+    st = k.wait_phase("Succeeded")
+    assert st["completionTime"] and k.condition("Succeeded")["status"] == "True"
+    eventually(lambda: k.deployment().spec.replicas == 0, what="rollout scaled to zero")
+    eventually(lambda: k.get() is None, timeout=30, what="the TTL to delete the GRPOJob")
+    eventually(lambda: not any(k.children().values()), timeout=30, what=f"the garbage collector ({k.children()})")
+
+
+def test_image_pull_error_is_surfaced_and_the_pending_deadline_fails_the_job(k):
+    k.create(**{"runPolicy.pendingDeadlineSeconds": 8})
+    for p in k.trainer_pods():
+        k.kubelet(p, "Pending", waiting="ErrImagePull")
+    eventually(lambda: (c := k.condition("PodsPending")) and c["reason"] == "ErrImagePull" and c,
+               what="the pull error in the status")
+    assert "pull access denied" in k.condition("PodsPending")["message"]
+    assert any(e.reason == "ErrImagePull" and e.type == "Warning" for e in k.events())
+    k.wait_phase("Failed", timeout=30)
+    failed = k.condition("Failed")
+    assert failed["reason"] == "PendingDeadlineExceeded" and "ErrImagePull" in failed["message"]
+    eventually(lambda: k.trainer_job() is None, what="the pending trainer Job removed")
+    eventually(lambda: k.deployment().spec.replicas == 0, what="rollout scaled to zero")
+
+
+def test_active_deadline_fails_a_running_job(k):
+    k.create(**{"runPolicy.activeDeadlineSeconds": 4})
+    k.run_all()
+    k.wait_phase("Failed", timeout=30)
+    assert k.condition("Failed")["reason"] == "DeadlineExceeded"
+    eventually(lambda: k.trainer_job() is None, what="the trainer stopped")
+
+
+def test_suspend_removes_pods_and_resume_recreates_them(k):
+    k.create()
+    k.run_all()
+    k.wait_phase("Running")
+    cm_uid = k.core.read_namespaced_config_map("demo-spec", k.ns).metadata.uid
+    k.patch_spec("demo", {"runPolicy": {"suspend": True}})
+    k.wait_phase("Suspended")
+    eventually(lambda: k.trainer_job() is None and k.deployment() is None, what="the pods removed")
+    eventually(lambda: k.condition("Suspended")["reason"] == "Suspended", what="suspended")
+    assert k.core.read_namespaced_config_map("demo-spec", k.ns).metadata.uid == cm_uid   # the spec stays
+    assert not k.pods()
+
+    k.patch_spec("demo", {"runPolicy": {"suspend": False}})
+    eventually(lambda: k.trainer_job() is not None and k.deployment() is not None, what="the pods recreated")
+    assert k.trainer_job().metadata.labels["grpo.dev/attempt"] == "0"   # a resume is not a restart
+    k.run_all(attempt=0)
+    st = k.wait_phase("Running")
+    assert st["restarts"] == 0 and k.condition("Suspended")["status"] == "False"
+    assert {"Suspended", "Resumed"} <= {e.reason for e in k.events()}
+
+
+def test_rollout_replicas_scale_while_running(k):
+    k.create()
+    eventually(lambda: k.deployment() is not None, what="the rollout Deployment")
+    k.patch_spec("demo", {"rollout": {"replicas": 3}})
+    eventually(lambda: k.deployment().spec.replicas == 3, what="scaled to 3")
+    eventually(lambda: len(k.pods("demo", "rollout")) == 3, what="3 rollout pods")
+    eventually(lambda: k.status().get("observedGeneration") == 2, what="observedGeneration 2")
+
+
+@pytest.mark.parametrize("spec", [{"trainer": {"nnodes": 4}}, {"model": {"path": "other/model"}},
+                                  {"algorithm": {"clipRatioHigh": 0.28}}])
+def test_the_api_server_refuses_changes_to_immutable_sections(k, spec):
+    k.create()
+    with pytest.raises(ApiException) as refused:
+        k.patch_spec("demo", spec)
+    assert refused.value.status == 422
+    assert "can't change while the job exists" in refused.value.body
+
+
+def test_delete_garbage_collects_every_child(k):
+    k.create()
+    eventually(lambda: all(k.children().values()), what="every child")
+    k.trainer_pods()
+    k.custom.delete_namespaced_custom_object(GROUP, VERSION, k.ns, PLURAL, "demo")
+    eventually(lambda: not any(k.children().values()) and not k.pods(), timeout=60,
+               what="the garbage collector to delete the children and pods")
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"storage.uri": None}, "spec.storage.uri"),
+    ({"trainer.template": {"spec": {"hostNetwork": True}}}, "spec.trainer.template.spec.hostNetwork"),
+])
+def test_invalid_job_creates_nothing(k, changes, field):
+    k.create(**changes)
+    st = k.wait_phase("Failed")
+    invalid = k.condition("Invalid")
+    assert invalid["status"] == "True" and invalid["reason"] == "InvalidSpec" and invalid["message"].startswith(field)
+    assert any(e.reason == "InvalidSpec" and e.type == "Warning" for e in k.events())
+    time.sleep(2)   # a few resyncs: still nothing
+    assert not any(k.children().values()) and not k.pods()
+    assert st["completionTime"]
+
+
+def test_operator_killed_mid_reconcile_leaves_no_duplicates(k, operator):
+    names = ["a", "b", "c"]
+    for n in names:
+        k.create(n)
+    time.sleep(0.4)
+    operator.kill(signal.SIGKILL)          # somewhere in the first reconciles
+    operator.start()
+    time.sleep(0.7)
+    tokens = {}
+    for n in names:
+        try:
+            tokens[n] = k.core.read_namespaced_secret(f"{n}-rpc", k.ns).data["token"]
+        except ApiException:
+            pass
+    operator.kill(signal.SIGKILL)
+    operator.start()
+    for n in names:
+        eventually(lambda: all(k.children(n).values()), what=f"{n}'s children")
+        k.trainer_pods(n)
+    time.sleep(3)                          # let resyncs run: nothing must change any more
+    for n in names:
+        kids = k.children(n)
+        assert {kind: len(objs) for kind, objs in kids.items()} == {
+            "configmaps": 1, "secrets": 1, "services": 2, "jobs": 1, "deployments": 1, "networkpolicies": 1,
+            "podmonitors": 1}
+        # Re-applying the Deployment after a restart must not change its template.
+        rs = k.apps.list_namespaced_replica_set(k.ns, label_selector=f"grpo.dev/job={n}").items
+        assert len(rs) == 1
+        assert len(k.trainer_pods(n)) == 2
+        if n in tokens:   # the token a running pod holds stays valid
+            assert k.core.read_namespaced_secret(f"{n}-rpc", k.ns).data["token"] == tokens[n]
+        st = k.status(n)
+        assert st["phase"] == "Pending" and st["restarts"] == 0
+        assert k.trainer_job(n).metadata.labels["grpo.dev/attempt"] == "0"
+        assert [e.reason for e in k.events(n)].count("TrainerCreated") == 1
+
+
+def test_operator_metrics_and_liveness(operator, k):
+    k.create()
+    k.wait_phase("Pending")
+    text = eventually(lambda: 'grpo_operator_jobs{namespace="%s",phase="Pending"} 1.0' % k.ns in (t := operator.metrics())
+                      and t, what="the job in the operator's metrics")
+    assert "grpo_operator_reconcile_duration_seconds_count" in text
+    assert operator.healthy()
+
+
+def test_operator_was_never_forbidden(operator):
+    """Runs last: the chart's RBAC covered every call the other tests made the operator do."""
+    lines = operator.logs().splitlines()
+    assert not [ln for ln in lines if "is forbidden: User" in ln][:3]        # an RBAC denial
+    assert not [ln for ln in lines if "reconcile failed" in ln][:3]

@@ -1,0 +1,241 @@
+"""The GRPOJob state machine (grpo_operator.lifecycle.decide), with no cluster: every transition
+of the lifecycle the control-plane tests then check for real."""
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from grpo_api.spec import GRPOJobStatus, Phase, Progress
+from grpo_operator import lifecycle, pods
+from grpo_operator.conditions import find, fmt_time
+from grpo_operator.lifecycle import Observed, TrainerJob, decide
+from grpo_operator.pods import PodProblem, PodsView
+from operator_helpers import job
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+RUNNING = PodsView(trainer_running=2, rollout_running=2)
+
+
+def status(**kw) -> GRPOJobStatus:
+    return GRPOJobStatus(**kw)
+
+
+def step(j, st, now=T0, **obs):
+    obs.setdefault("generation", 1)
+    obs.setdefault("children_applied", True)
+    return decide(j, [], st, Observed(**obs), now)
+
+
+def reasons(d):
+    return [e.reason for e in d.events]
+
+
+def test_new_job_creates_everything():
+    d = decide(job(), [], status(), Observed(generation=1), T0)
+    assert d.apply_children and d.create_trainer == 0 and d.rollout_replicas == 2
+    assert d.status.phase == Phase.Pending and d.status.start_time == fmt_time(T0)
+    assert d.status.observed_generation == 1
+    assert find(d.status.conditions, "Created").status == "True"
+    assert not d.delete_trainer and not d.delete_job
+
+
+def test_restarted_operator_reapplies_children_but_creates_nothing_twice():
+    st = status(phase=Phase.Running, observed_generation=1, start_time=fmt_time(T0))
+    d = step(job(), st, trainer=TrainerJob(0), pods=RUNNING, rollout_replicas=2, children_applied=False)
+    assert d.apply_children and d.create_trainer is None and d.status.phase == Phase.Running
+
+
+def test_running_when_every_trainer_pod_runs():
+    st = status(phase=Phase.Pending, observed_generation=1, start_time=fmt_time(T0))
+    d = step(job(), st, trainer=TrainerJob(0), pods=RUNNING, rollout_replicas=2)
+    assert d.status.phase == Phase.Running and "Running" in reasons(d)
+    assert find(d.status.conditions, "Running").status == "True"
+    half = step(job(), st, trainer=TrainerJob(0), pods=PodsView(trainer_running=1, rollout_running=2),
+                rollout_replicas=2)
+    assert half.status.phase == Phase.Pending
+
+
+def test_steady_state_changes_nothing():
+    st = step(job(), status(phase=Phase.Pending, observed_generation=1, start_time=fmt_time(T0)),
+              trainer=TrainerJob(0), pods=RUNNING, rollout_replicas=2).status
+    again = step(job(), st, now=T0 + timedelta(seconds=30), trainer=TrainerJob(0), pods=RUNNING, rollout_replicas=2)
+    assert again.status == st and again.events == []
+    assert again.rollout_replicas is None and again.create_trainer is None and not again.apply_children
+
+
+def test_replicas_change_scales_the_deployment():
+    st = status(phase=Phase.Running, observed_generation=1, start_time=fmt_time(T0))
+    d = step(job(**{"rollout.replicas": 5}), st, generation=2, trainer=TrainerJob(0), pods=RUNNING,
+             rollout_replicas=2)
+    assert d.rollout_replicas == 5 and d.apply_children and d.status.observed_generation == 2
+
+
+def test_trainer_failure_restarts_until_the_backoff_limit():
+    j = job(**{"runPolicy.backoffLimit": 2})
+    failed = TrainerJob(0, "failed", reason="BackoffLimitExceeded", message="Job has reached the specified backoff limit")
+    d = step(j, status(phase=Phase.Running, observed_generation=1), trainer=failed, rollout_replicas=2)
+    assert d.delete_trainer and d.create_trainer is None
+    assert d.status.restarts == 1 and d.status.phase == Phase.Restarting and "TrainerFailed" in reasons(d)
+    # The old Job is on its way out: wait; then a new one with attempt 1.
+    d = step(j, d.status, trainer=TrainerJob(0, "failed", deleting=True), rollout_replicas=2)
+    assert not d.delete_trainer and d.create_trainer is None and d.status.phase == Phase.Restarting
+    d = step(j, d.status, trainer=None, rollout_replicas=2)
+    assert d.create_trainer == 1
+    d = step(j, d.status, trainer=TrainerJob(1, "failed", reason="BackoffLimitExceeded"), rollout_replicas=2)
+    assert d.status.restarts == 2 and d.delete_trainer
+    d = step(j, d.status, trainer=TrainerJob(2, "failed", reason="BackoffLimitExceeded"), rollout_replicas=2)
+    assert d.status.phase == Phase.Failed and d.status.restarts == 2
+    assert not d.delete_trainer              # the failed Job's pods stay for `kubectl logs`
+    assert d.rollout_replicas == 0 and d.status.completion_time == fmt_time(T0)
+    failed_cond = find(d.status.conditions, "Failed")
+    assert failed_cond.reason == "BackoffLimitExceeded" and "runPolicy.backoffLimit=2" in failed_cond.message
+
+
+def test_a_failure_is_counted_once_across_operator_restarts():
+    # Status already says restart 1 (written before the operator died), the failed Job is attempt 0.
+    st = status(phase=Phase.Restarting, restarts=1, observed_generation=1)
+    d = step(job(), st, trainer=TrainerJob(0, "failed"), rollout_replicas=2)
+    assert d.status.restarts == 1 and d.delete_trainer and d.events == []
+
+
+def test_backoff_limit_zero_fails_on_the_first_failure():
+    d = step(job(**{"runPolicy.backoffLimit": 0}), status(phase=Phase.Running, observed_generation=1),
+             trainer=TrainerJob(0, "failed"), rollout_replicas=2)
+    assert d.status.phase == Phase.Failed and d.status.restarts == 0
+
+
+def test_success_scales_rollout_to_zero():
+    d = step(job(), status(phase=Phase.Running, observed_generation=1), trainer=TrainerJob(0, "succeeded"),
+             rollout_replicas=2)
+    assert d.status.phase == Phase.Succeeded and d.rollout_replicas == 0 and not d.delete_trainer
+    assert find(d.status.conditions, "Succeeded").status == "True"
+    assert find(d.status.conditions, "Running").status == "False"
+    again = step(job(), d.status, trainer=TrainerJob(0, "succeeded"), rollout_replicas=0)
+    assert again.rollout_replicas is None and again.create_trainer is None and again.events == []
+
+
+def test_finished_job_is_deleted_after_its_ttl():
+    j = job(**{"runPolicy.ttlSecondsAfterFinished": 60})
+    done = status(phase=Phase.Succeeded, completion_time=fmt_time(T0), observed_generation=1)
+    assert not step(j, done, now=T0 + timedelta(seconds=59)).delete_job
+    d = step(j, done, now=T0 + timedelta(seconds=60))
+    assert d.delete_job and "TTLExpired" in reasons(d)
+    assert not step(job(), done, now=T0 + timedelta(days=365)).delete_job      # no TTL: kept
+
+
+def test_pending_reason_surfaces_and_the_deadline_fails_the_job():
+    j = job(**{"runPolicy.pendingDeadlineSeconds": 120})
+    stuck = PodsView(problems=(PodProblem("demo-trainer-0-abc", "ErrImagePull", "pull access denied"),))
+    st = status(phase=Phase.Pending, observed_generation=1, start_time=fmt_time(T0))
+    d = step(j, st, trainer=TrainerJob(0), pods=stuck, rollout_replicas=2)
+    pending = find(d.status.conditions, "PodsPending")
+    assert pending.status == "True" and pending.reason == "ErrImagePull"
+    assert "demo-trainer-0-abc" in pending.message and "pull access denied" in pending.message
+    assert reasons(d) == ["ErrImagePull"]                       # one event per new reason
+    d2 = step(j, d.status, now=T0 + timedelta(seconds=60), trainer=TrainerJob(0), pods=stuck, rollout_replicas=2)
+    assert d2.status.phase == Phase.Pending and d2.events == []
+    d3 = step(j, d2.status, now=T0 + timedelta(seconds=121), trainer=TrainerJob(0), pods=stuck, rollout_replicas=2)
+    assert d3.status.phase == Phase.Failed
+    failed = find(d3.status.conditions, "Failed")
+    assert failed.reason == "PendingDeadlineExceeded" and "ErrImagePull" in failed.message
+    assert d3.delete_trainer and d3.rollout_replicas == 0
+
+
+def test_pending_clock_restarts_once_pods_run():
+    j = job(**{"runPolicy.pendingDeadlineSeconds": 120})
+    st = status(phase=Phase.Pending, observed_generation=1, start_time=fmt_time(T0))
+    d = step(j, st, trainer=TrainerJob(0), pods=PodsView(), rollout_replicas=2)
+    d = step(j, d.status, now=T0 + timedelta(seconds=100), trainer=TrainerJob(0), pods=RUNNING, rollout_replicas=2)
+    assert find(d.status.conditions, "PodsPending").status == "False"
+    d = step(j, d.status, now=T0 + timedelta(seconds=200), trainer=TrainerJob(0), pods=PodsView(trainer_running=2),
+             rollout_replicas=2)   # the rollout pods went away: pending again, a fresh clock
+    assert d.status.phase == Phase.Running
+    d = step(j, d.status, now=T0 + timedelta(seconds=250), trainer=TrainerJob(0), pods=PodsView(trainer_running=2),
+             rollout_replicas=2)
+    assert d.status.phase == Phase.Running
+
+
+def test_active_deadline():
+    j = job(**{"runPolicy.activeDeadlineSeconds": 3600})
+    st = status(phase=Phase.Running, observed_generation=1, start_time=fmt_time(T0))
+    assert step(j, st, now=T0 + timedelta(seconds=3599), trainer=TrainerJob(0), pods=RUNNING,
+                rollout_replicas=2).status.phase == Phase.Running
+    d = step(j, st, now=T0 + timedelta(seconds=3600), trainer=TrainerJob(0), pods=RUNNING, rollout_replicas=2)
+    assert d.status.phase == Phase.Failed and find(d.status.conditions, "Failed").reason == "DeadlineExceeded"
+    assert d.delete_trainer and d.rollout_replicas == 0
+
+
+def test_suspend_stops_trainer_first_then_rollout_and_resume_recreates():
+    j = job(**{"runPolicy.suspend": True})
+    st = status(phase=Phase.Running, observed_generation=1, start_time=fmt_time(T0), restarts=1)
+    d = step(j, st, trainer=TrainerJob(1), pods=RUNNING, rollout_replicas=2)
+    assert d.delete_trainer and not d.delete_rollout and d.status.phase == Phase.Suspended
+    assert find(d.status.conditions, "Suspended").reason == "Suspending"
+    d = step(j, d.status, trainer=TrainerJob(1, deleting=True), rollout_replicas=2)
+    assert not d.delete_trainer and not d.delete_rollout                # the trainer is checkpointing
+    d = step(j, d.status, trainer=None, rollout_replicas=2)
+    assert d.delete_rollout and find(d.status.conditions, "Suspended").reason == "Suspended"
+    d = step(j, d.status, trainer=None, rollout_replicas=None)
+    assert not d.delete_rollout and d.create_trainer is None and d.status.phase == Phase.Suspended
+    # Resume: fresh pods, same restart count, the active deadline counts from now.
+    resumed = step(job(), d.status, now=T0 + timedelta(hours=5), generation=2, children_applied=False)
+    assert resumed.create_trainer == 1 and resumed.rollout_replicas == 2
+    assert resumed.status.phase == Phase.Restarting and resumed.status.restarts == 1
+    assert resumed.status.start_time == fmt_time(T0 + timedelta(hours=5))
+    assert find(resumed.status.conditions, "Suspended").status == "False" and "Resumed" in reasons(resumed)
+
+
+def test_invalid_spec_fails_without_children():
+    d = decide(None, ["spec.storage.uri: required on Kubernetes"], status(), Observed(generation=1), T0)
+    assert d.status.phase == Phase.Failed
+    assert find(d.status.conditions, "Invalid").message == "spec.storage.uri: required on Kubernetes"
+    assert not d.apply_children and d.create_trainer is None and d.rollout_replicas is None
+    assert reasons(d) == ["InvalidSpec"]
+    again = decide(None, ["spec.storage.uri: required on Kubernetes"], d.status, Observed(generation=1), T0)
+    assert again.events == [] and again.status == d.status
+
+
+def test_progress_is_copied_and_kept():
+    p = Progress(step=3, total_steps=10, reward_mean=0.5)
+    st = status(phase=Phase.Running, observed_generation=1)
+    d = step(job(), st, trainer=TrainerJob(0), pods=RUNNING, rollout_replicas=2, progress=p)
+    assert d.status.progress == p
+    assert step(job(), d.status, trainer=TrainerJob(0), pods=RUNNING, rollout_replicas=2).status.progress == p
+
+
+@pytest.mark.parametrize("conditions, outcome, reason", [
+    ([], "active", ""),
+    ([{"type": "Complete", "status": "True"}], "succeeded", ""),
+    ([{"type": "Failed", "status": "True", "reason": "PodFailurePolicy", "message": "m"}], "failed", "PodFailurePolicy"),
+    ([{"type": "Failed", "status": "False"}], "active", ""),
+])
+def test_trainer_job_state(conditions, outcome, reason):
+    t = lifecycle.trainer_job_state({"metadata": {"labels": {"grpo.dev/attempt": "3"}},
+                                     "status": {"conditions": conditions}})
+    assert (t.attempt, t.outcome, t.reason, t.deleting) == (3, outcome, reason, False)
+
+
+def _pod(name, role, phase="Pending", attempt="0", waiting=None, unschedulable=None):
+    status = {"phase": phase}
+    if waiting:
+        status["containerStatuses"] = [{"name": "c", "state": {"waiting": {"reason": waiting, "message": "m"}}}]
+    if unschedulable:
+        status["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                 "message": unschedulable}]
+    return {"metadata": {"name": name, "labels": {"grpo.dev/role": role, "grpo.dev/attempt": attempt}},
+            "status": status}
+
+
+def test_pods_view():
+    v = pods.view([
+        _pod("t-old", "trainer", phase="Failed", attempt="0"),
+        _pod("t-0", "trainer", phase="Running", attempt="1"),
+        _pod("t-1", "trainer", attempt="1", unschedulable="0/3 nodes have enough nvidia.com/gpu"),
+        _pod("r-a", "rollout", phase="Running"),
+        _pod("r-b", "rollout", waiting="ImagePullBackOff"),
+        _pod("r-c", "rollout"),
+    ], attempt=1)
+    assert (v.trainer_running, v.rollout_running) == (1, 1)
+    assert [(p.pod, p.reason) for p in v.problems] == [
+        ("r-b", "ImagePullBackOff"), ("t-1", "Unschedulable"), ("r-c", "Pending")]
+    assert "nvidia.com/gpu" in v.problems[1].describe()

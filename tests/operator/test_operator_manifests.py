@@ -1,0 +1,237 @@
+"""The children's manifests (pure builders): names, owner references, labels, torchrun wiring,
+GPUs, security, the token, the network policy and the PodMonitor. The golden file pins the
+whole set; regenerate it with GRPO_UPDATE_GOLDEN=1 after an intended change and read the diff."""
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grpo_operator import manifests, names
+from grpo_operator.settings import OperatorSettings
+from operator_helpers import UID, job
+
+GOLDEN = Path(__file__).parent / "golden" / "children.yaml"
+S = OperatorSettings()
+
+
+def all_children(j=None):
+    j = j or job()
+    return [*manifests.build_children(j, S, pod_monitor=True),
+            manifests.build_rpc_secret(j, S, token="t0k3n"),
+            manifests.build_trainer_job(j, S, attempt=0),
+            manifests.build_rollout_deployment(j, S)]
+
+
+def test_golden_children():
+    children = all_children()
+    # The spec's YAML is grpo_api's (dump_job); the ConfigMap test below checks what matters here.
+    children[0]["data"]["job.yaml"] = "<dump_job(job)>"
+    rendered = yaml.safe_dump_all(children, sort_keys=True)
+    if os.environ.get("GRPO_UPDATE_GOLDEN"):
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(rendered)
+    assert rendered == GOLDEN.read_text(), "manifests changed: GRPO_UPDATE_GOLDEN=1 and review the diff"
+
+
+def test_builders_are_pure():
+    assert all_children() == all_children()
+
+
+@pytest.mark.parametrize("child", all_children(), ids=lambda c: f"{c['kind']}/{c['metadata']['name']}")
+def test_every_child_is_owned_and_labelled(child):
+    meta = child["metadata"]
+    assert meta["namespace"] == "team-a"
+    (owner,) = meta["ownerReferences"]
+    assert owner == {"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob", "name": "demo", "uid": UID,
+                     "controller": True, "blockOwnerDeletion": True}
+    labels = meta["labels"]
+    assert labels["app.kubernetes.io/name"] == "grpojob"
+    assert labels["app.kubernetes.io/instance"] == "demo"
+    assert labels["app.kubernetes.io/managed-by"] == "grpo-operator"
+    assert labels["app.kubernetes.io/component"]
+    assert labels["grpo.dev/job"] == "demo" and labels["grpo.dev/role"]
+
+
+def test_names_are_deterministic():
+    kinds = {(c["kind"], c["metadata"]["name"]) for c in all_children()}
+    assert kinds == {("ConfigMap", "demo-spec"), ("Secret", "demo-rpc"), ("Service", "demo-trainer"),
+                     ("Service", "demo-rollout"), ("Job", "demo-trainer"), ("Deployment", "demo-rollout"),
+                     ("NetworkPolicy", "demo-rollout"), ("PodMonitor", "demo")}
+
+
+def test_config_map_holds_the_resolved_spec_the_pods_read():
+    cm = manifests.build_config_map(job(), S)
+    doc = yaml.safe_load(cm["data"]["job.yaml"])
+    assert doc["metadata"] == {"name": "demo", "namespace": "team-a"}   # no uid, no managedFields
+    assert doc["spec"]["rollout"]["n"] == 5
+    assert doc["spec"]["algorithm"]["advEstimator"] == "grpo"           # defaults filled in
+    assert "status" not in doc
+
+
+def test_token_only_in_the_secret():
+    j = job()
+    secret = manifests.build_rpc_secret(j, S, token="s3cr3t-token")
+    assert secret["stringData"] == {"token": "s3cr3t-token"}
+    others = [c for c in all_children(j) if c["kind"] != "Secret"]
+    assert "s3cr3t-token" not in yaml.safe_dump_all(others)
+    for workload in (manifests.build_trainer_job(j, S), manifests.build_rollout_deployment(j, S)):
+        env = {e["name"]: e for e in workload["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["GRPO_RPC_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "demo-rpc", "key": "token"}}
+
+
+def test_trainer_job_is_indexed_with_torchrun_wiring():
+    spec = manifests.build_trainer_job(job(), S, attempt=2)["spec"]
+    assert spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"] == 2
+    assert spec["backoffLimit"] == 0
+    assert spec["podReplacementPolicy"] == "Failed"
+    assert spec["podFailurePolicy"]["rules"][0]["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == "demo-trainer" and pod["restartPolicy"] == "Never"
+    assert spec["template"]["metadata"]["labels"][names.ATTEMPT_LABEL] == "2"
+    (c,) = pod["containers"]
+    assert c["command"] == ["torchrun"]
+    assert c["args"] == [
+        "--nnodes=2", "--nproc-per-node=4", "--node-rank=$(JOB_COMPLETION_INDEX)",
+        "--master-addr=demo-trainer-0.demo-trainer", "--master-port=29500",
+        "--no-python", "grpo", "trainer", "--spec", "/etc/grpo/job.yaml",
+        "--rollout", "dns:///demo-rollout.team-a.svc.cluster.local:50051", "--metrics-port", "9090"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+    assert env["PET_NNODES"] == "2" and env["PET_NPROC_PER_NODE"] == "4"
+    assert env["PET_MASTER_ADDR"] == "demo-trainer-0.demo-trainer" and env["PET_MASTER_PORT"] == "29500"
+    assert env["PET_NODE_RANK"] == {"fieldRef": {
+        "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+
+
+def test_trainer_pods_get_gpus_shm_spec_and_s3_credentials():
+    pod = manifests.build_trainer_job(job(), S)["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert c["resources"]["requests"] == S.trainer_resources["requests"]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": S.shm_size}
+    assert vols["grpo-spec"]["configMap"]["name"] == "demo-spec"
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert mounts == {"/etc/grpo": "grpo-spec", "/dev/shm": "dshm"}
+    env = {e["name"]: e for e in c["env"]}
+    assert env["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"] == {
+        "name": "s3-credentials", "key": "AWS_ACCESS_KEY_ID", "optional": False}
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "s3-credentials"
+    assert pod["terminationGracePeriodSeconds"] == S.trainer_termination_grace_seconds >= 600
+
+
+def test_cpu_trainer_and_hf_rollout_get_no_gpus():
+    j = job(**{"trainer.device": "cpu", "rollout.engine": "hf", "storage.secretRef": None})
+    trainer = manifests.build_trainer_job(j, S)["spec"]["template"]["spec"]["containers"][0]
+    rollout = manifests.build_rollout_deployment(j, S)["spec"]["template"]["spec"]["containers"][0]
+    for c in (trainer, rollout):
+        assert "nvidia.com/gpu" not in c["resources"].get("limits", {})
+        assert not any(e["name"].startswith("AWS_") for e in c["env"])
+
+
+@pytest.mark.parametrize("build", [manifests.build_trainer_job, manifests.build_rollout_deployment])
+def test_pods_are_locked_down(build):
+    pod = build(job(), S)["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+                                      "seccompProfile": {"type": "RuntimeDefault"}}
+    sc = pod["containers"][0]["securityContext"]
+    assert sc == {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["containers"][0]["imagePullPolicy"] == "IfNotPresent"
+
+
+def test_rollout_deployment():
+    d = manifests.build_rollout_deployment(job(), S)
+    assert d["spec"]["replicas"] == 2
+    assert manifests.build_rollout_deployment(job(), S, replicas=0)["spec"]["replicas"] == 0
+    assert d["spec"]["selector"]["matchLabels"] == {"grpo.dev/job": "demo", "grpo.dev/role": "rollout"}
+    (c,) = d["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == ["grpo"]
+    assert c["args"] == ["rollout", "--spec", "/etc/grpo/job.yaml", "--port", "50051", "--metrics-port", "9090",
+                         "--worker-id", "$(POD_NAME)"]
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in c["env"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 2          # tensorParallelSize
+    assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "metrics"}
+    assert c["image"] == S.rollout_image
+
+
+def test_services_are_headless():
+    trainer = manifests.build_trainer_service(job(), S)["spec"]
+    rollout = manifests.build_rollout_service(job(), S)["spec"]
+    assert trainer["clusterIP"] == rollout["clusterIP"] == "None"
+    assert trainer["publishNotReadyAddresses"] is True      # rendezvous before readiness
+    assert rollout["publishNotReadyAddresses"] is False     # only loaded servers get work
+    assert trainer["selector"] == {"grpo.dev/job": "demo", "grpo.dev/role": "trainer"}
+    assert {p["port"] for p in rollout["ports"]} == {50051, 9090}
+
+
+def test_network_policy():
+    spec = manifests.build_network_policy(job(), S)["spec"]
+    assert spec["podSelector"]["matchLabels"] == {"grpo.dev/job": "demo", "grpo.dev/role": "rollout"}
+    grpc, metrics, nccl = spec["ingress"]
+    assert grpc == {"from": [{"podSelector": {"matchLabels": {"grpo.dev/job": "demo", "grpo.dev/role": "trainer"}}}],
+                    "ports": [{"protocol": "TCP", "port": 50051}]}
+    assert metrics["from"] == [{"podSelector": {}}] and metrics["ports"] == [{"protocol": "TCP", "port": 9090}]
+    assert "ports" not in nccl and len(nccl["from"]) == 2
+    grpc_only = manifests.build_network_policy(job(**{"weightSync.backend": "grpc"}),
+                                               OperatorSettings(metrics_namespace="monitoring"))["spec"]
+    assert len(grpc_only["ingress"]) == 2
+    assert grpc_only["ingress"][1]["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+
+
+def test_pod_monitor_scrapes_rollouts_and_trainer_node_zero():
+    pm = manifests.build_pod_monitor(job(), OperatorSettings(pod_monitor_labels={"release": "prom"}))
+    assert pm["metadata"]["labels"]["release"] == "prom"
+    assert pm["spec"]["selector"]["matchLabels"] == {"grpo.dev/job": "demo"}
+    assert pm["spec"]["selector"]["matchExpressions"] == [
+        {"key": "batch.kubernetes.io/job-completion-index", "operator": "NotIn", "values": ["1"]}]
+    one_node = manifests.build_pod_monitor(job(**{"trainer.nnodes": 1, "trainer.microBatchSizePerGPU": 8}), S)
+    assert "matchExpressions" not in one_node["spec"]["selector"]
+
+
+def test_optional_children_follow_settings():
+    kinds = [c["kind"] for c in manifests.build_children(job(), OperatorSettings(network_policy=False),
+                                                         pod_monitor=False)]
+    assert kinds == ["ConfigMap", "Service", "Service"]
+
+
+def test_template_overrides_reach_the_pods():
+    template = {"metadata": {"annotations": {"team": "a"}},
+                "spec": {"nodeSelector": {"gpu": "h200"}, "priorityClassName": "training",
+                         "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                         "volumes": [{"name": "cache", "persistentVolumeClaim": {"claimName": "models"}}],
+                         "containers": [{"volumeMounts": [{"name": "cache", "mountPath": "/models"}],
+                                         "env": [{"name": "HF_HOME", "value": "/models"}]}]}}
+    j = job(**{"trainer.template": template})
+    pod = manifests.build_trainer_job(j, S)["spec"]["template"]
+    assert pod["metadata"]["annotations"] == {"team": "a"}
+    assert pod["spec"]["nodeSelector"] == {"gpu": "h200"}
+    assert pod["spec"]["priorityClassName"] == "training"
+    assert {"name": "cache", "mountPath": "/models"} in pod["spec"]["containers"][0]["volumeMounts"]
+    assert {"name": "HF_HOME", "value": "/models"} in pod["spec"]["containers"][0]["env"]
+    rollout_pod = manifests.build_rollout_deployment(j, S)["spec"]["template"]["spec"]
+    assert "nodeSelector" not in rollout_pod        # the trainer's template is the trainer's
+
+
+def test_settings_reach_the_pods():
+    s = OperatorSettings(trainer_image="reg/trainer:1", rollout_image="reg/rollout:1", image_pull_policy="Always",
+                         image_pull_secrets=("regcred",), run_as_user=2000, gpu_resource="amd.com/gpu",
+                         trainer_resources={"requests": {"cpu": "1"}})
+    pod = manifests.build_trainer_job(job(), s)["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert (c["image"], c["imagePullPolicy"]) == ("reg/trainer:1", "Always")
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["securityContext"]["runAsUser"] == 2000
+    assert c["resources"] == {"requests": {"cpu": "1"}, "limits": {"amd.com/gpu": 4}}
+    assert manifests.build_rollout_deployment(job(), s)["spec"]["template"]["spec"]["containers"][0]["image"] == \
+        "reg/rollout:1"
+
+
+def test_missing_uid_is_an_error():
+    from grpo_api.jobfile import parse_job
+    from operator_helpers import body
+    with pytest.raises(ValueError, match="metadata.uid"):
+        manifests.build_config_map(parse_job(body()), S)

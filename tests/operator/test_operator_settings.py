@@ -1,0 +1,128 @@
+"""Operator settings (env and flags), the operator-side validation, progress.json parsing and the
+operator's metrics — the pure parts around the reconciler."""
+
+import argparse
+import json
+
+import pytest
+from prometheus_client import generate_latest
+
+from grpo_operator import settings as settings_mod
+from grpo_operator.metrics import METRIC_NAMES, OperatorMetrics
+from grpo_operator.progress import parse_progress, read_progress
+from grpo_operator.settings import OperatorSettings
+from grpo_operator.validation import parse_grpojob
+from operator_helpers import UID, body, job
+
+
+def test_defaults_are_safe():
+    s = OperatorSettings()
+    assert s.namespaces == () and s.run_as_user == 1000 and s.read_storage_secrets is False
+    assert s.trainer_termination_grace_seconds >= 600
+
+
+def test_environment_overrides_defaults():
+    s = OperatorSettings.from_env({
+        "GRPO_OPERATOR_NAMESPACES": "team-a, team-b",
+        "GRPO_OPERATOR_TRAINER_IMAGE": "reg/t:2",
+        "GRPO_OPERATOR_NETWORK_POLICY": "false",
+        "GRPO_OPERATOR_RESYNC_SECONDS": "2.5",
+        "GRPO_OPERATOR_TRAINER_RESOURCES": '{"requests": {"cpu": "1"}}',
+        "GRPO_OPERATOR_METRICS_NAMESPACE": "",
+        "GRPO_OPERATOR_POD_MONITOR": "false",
+        "UNRELATED": "x",
+    })
+    assert s.namespaces == ("team-a", "team-b") and s.trainer_image == "reg/t:2"
+    assert s.network_policy is False and s.resync_seconds == 2.5 and s.pod_monitor == "false"
+    assert s.trainer_resources == {"requests": {"cpu": "1"}} and s.metrics_namespace is None
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"GRPO_OPERATOR_NETWORK_POLICY": "maybe"}, "GRPO_OPERATOR_NETWORK_POLICY: expected true or false"),
+    ({"GRPO_OPERATOR_METRICS_PORT": "http"}, "GRPO_OPERATOR_METRICS_PORT: expected a number"),
+    ({"GRPO_OPERATOR_TRAINER_RESOURCES": "[1]"}, "GRPO_OPERATOR_TRAINER_RESOURCES: expected a JSON object"),
+    ({"GRPO_OPERATOR_POD_MONITOR": "yes"}, "GRPO_OPERATOR_POD_MONITOR: expected one of auto, true, false"),
+    ({"GRPO_OPERATOR_RUN_AS_USER": "0"}, "non-root"),
+])
+def test_bad_environment_names_the_variable(env, message):
+    with pytest.raises(ValueError, match=message):
+        OperatorSettings.from_env(env)
+
+
+def test_flags_win_over_the_environment():
+    parser = argparse.ArgumentParser()
+    settings_mod.add_arguments(parser)
+    args = parser.parse_args(["--rollout-image", "reg/r:3", "--namespaces", "x"])
+    s = settings_mod.from_arguments(args, env={"GRPO_OPERATOR_ROLLOUT_IMAGE": "reg/r:env",
+                                               "GRPO_OPERATOR_TRAINER_IMAGE": "reg/t:env"})
+    assert (s.rollout_image, s.trainer_image, s.namespaces) == ("reg/r:3", "reg/t:env", ("x",))
+    assert "--trainer-termination-grace-seconds" in parser.format_help()
+
+
+def _api_object(**changes):
+    obj = body(**changes)
+    obj["metadata"]["uid"] = UID
+    return obj
+
+
+def test_valid_job_parses():
+    j, errors = parse_grpojob(_api_object(), OperatorSettings())
+    assert errors == [] and j.metadata.name == "demo" and j.metadata.model_extra["uid"] == UID
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"storage.uri": None}, "spec.storage.uri: required on Kubernetes"),
+    ({"storage.uri": "file://relative/dir"}, "spec.storage.uri: a file:// URI must be absolute"),
+    ({"trainer.template": {"spec": {"hostNetwork": True}}}, "spec.trainer.template.spec.hostNetwork: not allowed"),
+    ({"rollout.template": {"spec": {"containers": [{"name": "x"}]}}}, "spec.rollout.template.spec.containers[0].name"),
+    ({"rollout.bogus": 1}, "spec.rollout.bogus: unknown field"),
+])
+def test_invalid_jobs_name_the_field(changes, message):
+    j, errors = parse_grpojob(_api_object(**changes), OperatorSettings())
+    assert j is None and any(e.startswith(message) for e in errors), errors
+
+
+def test_long_names_are_invalid():
+    obj = _api_object()
+    obj["metadata"]["name"] = "x" * 51
+    j, errors = parse_grpojob(obj, OperatorSettings())
+    assert j is None and any(e.startswith("metadata.name") for e in errors)
+
+
+def test_parse_progress_keeps_the_status_keys():
+    doc = {"step": 42, "totalSteps": 174, "epoch": 0.0, "policyVersion": 42, "rewardMean": 0.61,
+           "validationScore": None, "lastCheckpoint": "s3://b/ckpt/step-40", "tokensPerSecond": 9.5, "updatedAt": 1.0}
+    p = parse_progress(json.dumps(doc).encode())
+    assert (p.step, p.total_steps, p.epoch, p.policy_version, p.reward_mean, p.validation_score, p.last_checkpoint) \
+        == (42, 174, 0, 42, 0.61, None, "s3://b/ckpt/step-40")
+    for junk in (b"", b"{", b"[1]", b'{"step": "many"}'):
+        assert parse_progress(junk) is None
+
+
+def test_read_progress_from_file_storage(tmp_path):
+    j = job(**{"storage.uri": f"file://{tmp_path}", "storage.secretRef": None})
+    assert read_progress(j, {}) is None                         # not written yet
+    root = tmp_path / "team-a" / "demo"
+    root.mkdir(parents=True)
+    (root / "progress.json").write_text(json.dumps({"step": 7, "totalSteps": 9, "rewardMean": 0.25}))
+    p = read_progress(j, {})
+    assert (p.step, p.total_steps, p.reward_mean) == (7, 9, 0.25)
+
+
+def test_metrics_names_and_phases():
+    m = OperatorMetrics()
+    m.set_phase("a", "j1", "Pending")
+    m.set_phase("a", "j1", "Running")
+    m.set_phase("a", "j2", "Running")
+    m.set_phase("b", "j3", "Failed")
+    m.forget("b", "j3")
+    m.reconcile_errors.labels(kind="transient").inc()
+    m.restarts.labels(namespace="a", job="j1").inc()
+    m.reconcile_seconds.labels(trigger="resync").observe(0.02)
+    text = generate_latest(m.registry).decode()
+    assert 'grpo_operator_jobs{namespace="a",phase="Running"} 2.0' in text
+    assert 'grpo_operator_jobs{namespace="a",phase="Pending"} 0.0' in text
+    assert 'grpo_operator_jobs{namespace="b"' not in text             # forgotten: no stale series
+    assert 'grpo_operator_transitions_total{namespace="a",phase="Running"} 1.0' in text
+    for name in METRIC_NAMES:
+        assert name in text

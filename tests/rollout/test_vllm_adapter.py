@@ -1,0 +1,70 @@
+"""The vLLM adapter's conversions, without vLLM or a GPU (the engine itself needs both). The
+objects below have the shape of vLLM 0.33's RequestOutput / CompletionOutput / Logprob."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from grpo_rollout.engine import SamplingParams
+from grpo_rollout.vllm_engine import (EXTENSION, llm_kwargs, pack_tensors, sampling_kwargs, samples_from_output,
+                                      unpack_tensors)
+
+
+def completion(index, token_ids, logprobs, finish_reason):
+    positions = [{tok: SimpleNamespace(logprob=lp, rank=1, decoded_token="t")} for tok, lp in zip(token_ids, logprobs)]
+    return SimpleNamespace(index=index, token_ids=token_ids, logprobs=positions, finish_reason=finish_reason,
+                           text="...", stop_reason=None)
+
+
+def test_engine_arguments_ask_for_tempered_logprobs_and_our_weight_loader():
+    kw = llm_kwargs("/models/qwen3", dtype="bfloat16", seed=3, tokenizer_path=None, trust_remote_code=False,
+                    tensor_parallel_size=2, gpu_memory_utilization=0.6, max_model_len=1536, enforce_eager=False,
+                    max_num_batched_tokens=8192)
+    assert kw["logprobs_mode"] == "processed_logprobs"
+    assert kw["worker_extension_cls"] == EXTENSION
+    assert (kw["tokenizer"], kw["tensor_parallel_size"], kw["max_model_len"]) == ("/models/qwen3", 2, 1536)
+    # The extension class must be importable by that name in vLLM's worker processes.
+    module, _, name = EXTENSION.rpartition(".")
+    assert hasattr(__import__(module, fromlist=[name]), name)
+
+
+def test_sampling_parameters_map_to_vllm():
+    params = SamplingParams(n=4, max_tokens=256, temperature=0.8, top_p=0.95, top_k=-1, seed=100, stop=("</answer>",))
+    first, third = sampling_kwargs(params, 0), sampling_kwargs(params, 2)
+    assert first == dict(n=4, max_tokens=256, temperature=0.8, top_p=0.95, top_k=0, seed=100, stop=["</answer>"],
+                         logprobs=0, skip_special_tokens=True)
+    assert third["seed"] == 108        # vLLM seeds the 4 samples 100..103; prompt 2 starts at 108
+    assert sampling_kwargs(SamplingParams(top_k=20), 0)["top_k"] == 20
+    unseeded = sampling_kwargs(SamplingParams(), 5)
+    assert unseeded["seed"] is None and unseeded["stop"] is None
+
+
+def test_outputs_become_samples_in_index_order():
+    output = SimpleNamespace(outputs=[completion(1, [7, 8], [-0.1, -0.2], "length"),
+                                      completion(0, [5, 2], [-1.0, -0.5], "stop")])
+    samples = samples_from_output(output)
+    assert [(s.token_ids, s.logprobs, s.finish_reason) for s in samples] == [
+        ([5, 2], [-1.0, -0.5], "stop"), ([7, 8], [-0.1, -0.2], "length")]
+
+
+def test_unexpected_outputs_are_errors():
+    with pytest.raises(RuntimeError, match="'abort'"):
+        samples_from_output(SimpleNamespace(outputs=[completion(0, [1], [-1.0], "abort")]))
+    missing = completion(0, [1, 2], [-1.0], "length")
+    with pytest.raises(RuntimeError, match="no logprob"):
+        samples_from_output(SimpleNamespace(outputs=[missing]))
+
+
+def test_weights_survive_packing_for_the_worker_processes():
+    weights = [("model.embed_tokens.weight", torch.randn(7, 5, dtype=torch.bfloat16)),
+               ("model.norm.weight", torch.randn(5)),
+               ("model.layers.0.mlp.up_proj.weight", torch.randn(3, 5, dtype=torch.float16).t()),  # non-contiguous
+               ("step", torch.tensor([3], dtype=torch.int64))]
+    data, entries = pack_tensors(weights)
+    unpacked = unpack_tensors(data, entries, "cpu")
+    assert [n for n, _ in unpacked] == [n for n, _ in weights]
+    for (_, original), (_, restored) in zip(weights, unpacked):
+        assert restored.dtype == original.dtype and torch.equal(restored, original)
