@@ -145,7 +145,7 @@ class LocalRun:
         nproc = job.spec.trainer.nproc_per_node
         self.trainer = Child("trainer", [
             sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "--no-python", *grpo, "trainer", "--spec", str(self.spec_path), "--rollout", addresses, "--local"])
+            "--no-python", *grpo, "trainer", "--spec", str(self.spec_path), "--rollout", addresses, "--run-locally"])
 
     def _wait_ready(self, timeout: float = 600.0) -> None:
         from grpo_api.proto import rollout_pb2 as pb

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,12 +18,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 
 # The control plane's session fixtures, shared with tests/controlplane (tests/ is on sys.path:
 # the root conftest.py is not in a package).
 from controlplane.conftest import admin_client, control_plane, kubectl_bin, namespace  # noqa: F401
 from controlplane.cluster import default_bin_dir
+from operator_helpers import eventually, free_port, kubectl
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "grpo-operator"
@@ -43,28 +42,6 @@ def helm_bin() -> str:
             pytest.fail(msg, pytrace=False)
         pytest.skip(msg)
     return str(helm)
-
-
-def kubectl(kubectl_bin, cp, *args, stdin: str | None = None, check=True):
-    return subprocess.run([kubectl_bin, "--kubeconfig", str(cp.kubeconfig), *args], input=stdin,
-                          capture_output=True, text=True, check=check, timeout=120)
-
-
-def eventually(check, timeout=30.0, interval=0.2, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -173,7 +150,3 @@ def operator(operator_kubeconfig, tmp_path_factory):
     op = OperatorProcess(operator_kubeconfig, tmp_path_factory.mktemp("operator")).start()
     yield op
     op.kill(signal.SIGTERM)
-
-
-def load_yaml_docs(text: str) -> list[dict]:
-    return [d for d in yaml.safe_load_all(text) if d]

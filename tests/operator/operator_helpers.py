@@ -1,9 +1,14 @@
-"""Jobs for the operator's tests (unit and control plane)."""
+"""Jobs and polling helpers for the operator's tests (unit and control plane)."""
 
 from __future__ import annotations
 
 import copy
+import socket
+import subprocess
+import time
 from typing import Any
+
+import pytest
 
 from grpo_api.jobfile import parse_job
 from grpo_api.spec import GRPOJob
@@ -41,3 +46,25 @@ def job(name: str = "demo", namespace: str = "team-a", **spec_changes: Any) -> G
     doc = body(name, namespace, **spec_changes)
     doc["metadata"]["uid"] = UID
     return parse_job(doc)
+
+
+def kubectl(kubectl_bin, cp, *args, stdin: str | None = None, check=True):
+    return subprocess.run([kubectl_bin, "--kubeconfig", str(cp.kubeconfig), *args], input=stdin,
+                          capture_output=True, text=True, check=check, timeout=120)
+
+
+def eventually(check, timeout=30.0, interval=0.2, what="condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -13,8 +13,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from conftest import eventually, kubectl
-from operator_helpers import GROUP, PLURAL, VERSION, body
+from operator_helpers import GROUP, PLURAL, VERSION, body, eventually, kubectl
 
 pytestmark = pytest.mark.controlplane
 

@@ -12,7 +12,7 @@ def trainer(argv: list[str]) -> int:
     parser.add_argument("--spec", required=True, help="resolved GRPOJob YAML (what `grpo run`/the operator wrote)")
     parser.add_argument("--rollout", default=os.environ.get("GRPO_ROLLOUT_ADDRESSES", ""),
                         help="rollout servers: host:port,host:port or dns:///service:port (env GRPO_ROLLOUT_ADDRESSES)")
-    parser.add_argument("--local", action="store_true", help="a local run (default storage under ./outputs)")
+    parser.add_argument("--run-locally", action="store_true", help="a local run (default storage under ./outputs)")
     parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on rank 0")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
@@ -33,7 +33,7 @@ def trainer(argv: list[str]) -> int:
         from grpo_trainer.data import DataError
         from grpo_trainer.trainer import Trainer
         try:
-            t = Trainer(job, rollout_addresses=args.rollout, token=read_token(), local=args.local,
+            t = Trainer(job, rollout_addresses=args.rollout, token=read_token(), local=args.run_locally,
                         metrics_port=args.metrics_port)
         except (DataError, FileNotFoundError) as exc:
             print(f"error: {exc}", file=sys.stderr)

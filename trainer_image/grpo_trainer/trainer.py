@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from grpo_api.proto import rollout_pb2 as pb
 from grpo_api.records import RunLayout
-from grpo_api.spec import GRPOJob
+from grpo_api.spec import GRPOJob, WeightSyncSpec
 from grpo_api.storage import Storage, job_root
 from grpo_trainer import actor, batch as batching, checkpoint
 from grpo_trainer.data import EpochSampler, PromptRow, load_prompts, prompt_shard_table
@@ -30,7 +30,7 @@ from grpo_trainer.metrics import MetricsLogger, setup_logging
 from grpo_trainer.model import (build_optimizer, build_policy, build_reference, load_tokenizer,
                                 num_parameters)
 from grpo_trainer.rollout_client import RolloutDispatcher, static_or_dns_discovery
-from grpo_trainer.weight_sync import make_weight_sender
+from grpo_trainer.weight_sync import CollectiveWeightSender, GrpcWeightSender, WeightSender
 
 log = logging.getLogger("grpo.trainer")
 
@@ -60,6 +60,14 @@ class State:
     validation_score: float | None = None
     reward_mean: float | None = None
     history: list[float] = field(default_factory=list)
+
+
+def make_weight_sender(sync: WeightSyncSpec, *, token: str, device: torch.device) -> WeightSender:
+    bucket = sync.bucket_size_mb << 20
+    if sync.backend == "grpc":
+        return GrpcWeightSender(token, bucket_bytes=bucket, timeout_seconds=sync.timeout_seconds)
+    # "nccl" means the collective path: NCCL between GPUs, gloo when either side is on CPU.
+    return CollectiveWeightSender(token, bucket_bytes=bucket, device=device, timeout_seconds=sync.timeout_seconds)
 
 
 class Trainer:
