@@ -54,10 +54,10 @@ def response_mask(resp: torch.Tensor, eos_id: int) -> torch.Tensor:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0, help="model init, data and sampling seed")
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--prompts", type=int, default=64, help="prompts per step (data.trainBatchSize)")
     ap.add_argument("--n", type=int, default=8, help="samples per prompt (rollout.n)")
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--weight-decay", type=float, default=0.01, help="verl's actor.optim.weight_decay")
     ap.add_argument("--grad-clip", type=float, default=1.0, help="verl's actor.grad_clip")
     ap.add_argument("--temperature", type=float, default=1.0)

@@ -143,11 +143,15 @@ class Kube:
                 return False
             raise
 
+    def merge_patch(self, api_version: str, kind: str, namespace: str, name: str, body: dict[str, Any],
+                    sub: str | None = None) -> None:
+        """A JSON merge patch (RFC 7386): the given fields set, null ones removed."""
+        self.request("PATCH", path(api_version, kind, namespace, name, sub), body=body,
+                     query={"fieldManager": self.field_manager}, content_type="application/merge-patch+json")
+
     def patch_status(self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """Replace the status's fields with a merge patch (fields absent from `status` are nulled
-        by the caller)."""
-        self.request("PATCH", path(api_version, kind, namespace, name, "status"), body={"status": status},
-                     content_type="application/merge-patch+json")
+        """Set the status subresource's fields (the caller nulls the ones to remove)."""
+        self.merge_patch(api_version, kind, namespace, name, {"status": status}, sub="status")
 
     def has_api(self, group_version: str) -> bool:
         """Whether the API group/version is served (discovery; every user may read it)."""

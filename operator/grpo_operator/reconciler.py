@@ -150,7 +150,13 @@ class Reconciler:
             replicas = (deployment.get("spec") or {}).get("replicas", 1)
         pod_list = self.kube.list("v1", "Pod", ns, {names.JOB_LABEL: name})
         attempt = trainer.attempt if trainer is not None else status.restarts
-        progress = read_progress(job, self._storage_env(job)) if read and job is not None else None
+        # A finished job's progress.json no longer changes: it is read one last time when the
+        # trainer's outcome is first seen (the final step's numbers), then never again.
+        finished = status.phase in lifecycle.TERMINAL
+        finishing = trainer is not None and trainer.outcome != "active" and not finished
+        progress = None
+        if job is not None and (finishing or (read and not finished)):
+            progress = read_progress(job, self._storage_env(job))
         return lifecycle.Observed(
             generation=generation, trainer=trainer, pods=pods.view(pod_list, attempt=attempt),
             rollout_replicas=replicas, progress=progress,
@@ -174,10 +180,11 @@ class Reconciler:
             for child in manifests.build_children(job, settings, pod_monitor=self._pod_monitor_enabled()):
                 kube.apply(child)
             self._applied[(ns, name)] = (meta["uid"], meta.get("generation", 1))
-        if d.rollout_replicas == 0:
-            self._scale_rollout_to_zero(ns, name)
-        elif d.rollout_replicas is not None and job is not None:
-            kube.apply(manifests.build_rollout_deployment(job, settings, replicas=d.rollout_replicas))
+        if d.rollout_replicas is not None:
+            if job is not None:
+                kube.apply(manifests.build_rollout_deployment(job, settings, replicas=d.rollout_replicas))
+            else:
+                self._scale_rollout_to_zero(ns, name)
         if d.delete_trainer:
             # Foreground: the Job stays until its pods are gone, so its replacement (or, when
             # suspending, the rollout's removal) waits for the trainer's checkpoint.
@@ -192,11 +199,9 @@ class Reconciler:
             kube.delete(*GJ, ns, name)
 
     def _scale_rollout_to_zero(self, ns: str, name: str) -> None:
-        """A merge patch of replicas alone: works for an invalid spec too (no manifest needed)."""
+        """Replicas alone, for a job whose spec became invalid (no manifest to apply)."""
         try:
-            self.kube.request("PATCH", f"/apis/apps/v1/namespaces/{ns}/deployments/{names.rollout_name(name)}",
-                              body={"spec": {"replicas": 0}}, content_type="application/merge-patch+json",
-                              query={"fieldManager": self.settings.field_manager})
+            self.kube.merge_patch("apps/v1", "Deployment", ns, names.rollout_name(name), {"spec": {"replicas": 0}})
         except KubeError as exc:
             if exc.status != 404:
                 raise

@@ -6,9 +6,9 @@ seeded random init, and the tokenizer is a word-level vocabulary built with `tok
 
 The vocabulary covers exactly what the quickstart task needs (ChatML specials and role names,
 the task's words, the digits and GSM8K's `####` answer marker). A small vocabulary matters:
-the random-init policy samples close to uniformly over it, so a tiny vocabulary keeps the
-chance of a well-formed `#### d` answer high enough for GRPO to find a learning signal at
-once. `decode(ids, skip_special_tokens=True)` joins words with spaces, so a response
+the random-init policy samples close to uniformly over it, so 26 tokens keep the chance of a
+right `#### d` answer (1-3 in 100 samples) high enough for GRPO to find a signal at once.
+`decode(ids, skip_special_tokens=True)` joins words with spaces, so a response
 `#### 7 <|im_end|>` decodes to `#### 7`, which verl's GSM8K rule parses.
 
 torch/transformers are imported inside the functions, so importing this module is cheap.
@@ -38,9 +38,9 @@ CHAT_TEMPLATE = (
 TASK_WORDS = ["copy", "the", "digit", "is", "then", "answer", "and", "with"]
 VOCAB_WORDS = ["system", "user", "assistant", "####", *[str(d) for d in range(10)], *TASK_WORDS]
 
-# Default size: ~60k parameters. Big enough to learn "find the digit in the prompt and copy
-# it after ####" in tens of GRPO steps, small enough that a step takes well under a second on
-# one CPU core. Overridable with **size (any Qwen3Config field).
+# Default size: ~77k parameters. Big enough to learn "find the digit in the prompt and copy
+# it after ####" from random init in ~55-90 GRPO steps, small enough that a step (64 prompts x
+# 8 samples) takes ~0.2 s on two CPU cores. Overridable with **size (any Qwen3Config field).
 DEFAULT_SIZE = dict(
     hidden_size=64,
     intermediate_size=128,
@@ -49,16 +49,16 @@ DEFAULT_SIZE = dict(
     num_key_value_heads=2,
     head_dim=16,
     max_position_embeddings=256,
-    # Untied (as Qwen3-8B). Tied embeddings made GRPO collapse here: learning to emit "####"
-    # grows its embedding, which then makes "####" predict itself ("#### #### ####", reward 0,
-    # no gradient left) in the benchmark (bench/RESULTS.md).
+    # Untied (as Qwen3-8B). With tied embeddings GRPO runs in the benchmark sometimes fell into
+    # "#### #### ####" for good (reward 0 everywhere, so no gradient left): likely because
+    # learning to emit "####" grows the shared "####" row, which then predicts itself.
     tie_word_embeddings=False,
 )
 
 
 def build_tokenizer(words: list[str] | None = None):
     """A `PreTrainedTokenizerFast`: word-level, split on whitespace and punctuation runs."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     words = VOCAB_WORDS if words is None else words
@@ -66,9 +66,7 @@ def build_tokenizer(words: list[str] | None = None):
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     # Whitespace = `\w+|[^\w\s]+`: "####7" and "#### 7" both give ["####", "7"].
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    # WordPiece's decoder with an empty prefix joins tokens with single spaces (and keeps "####"
-    # intact, which the default cleanup could touch only around punctuation like " .").
-    tok.decoder = decoders.WordPiece(prefix="\x00", cleanup=False)
+    # No decoder: decoding joins the words with single spaces ("#### 7").
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=None,

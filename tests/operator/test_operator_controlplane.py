@@ -220,14 +220,19 @@ def test_trainer_failure_restarts_then_fails_after_backoff_limit(k):
 
 
 def test_success_scales_rollout_to_zero_then_ttl_deletes_the_job(k):
-    k.create(**{"runPolicy.ttlSecondsAfterFinished": 4})
+    k.create(**{"runPolicy.ttlSecondsAfterFinished": 8})
     k.run_all()
     k.wait_phase("Running")
+    write_progress(k.storage_root, k.ns, "demo", step=10, totalSteps=10, rewardMean=0.75)
     for p in k.trainer_pods():
         k.kubelet(p, "Succeeded", exit_code=0)
     st = k.wait_phase("Succeeded")
     assert st["completionTime"] and k.condition("Succeeded")["status"] == "True"
+    assert st["progress"]["step"] == 10                      # the final step's numbers
     eventually(lambda: k.deployment().spec.replicas == 0, what="rollout scaled to zero")
+    write_progress(k.storage_root, k.ns, "demo", step=99)
+    time.sleep(2)                                            # resyncs: a finished job's progress stays
+    assert k.status()["progress"]["step"] == 10
     eventually(lambda: k.get() is None, timeout=30, what="the TTL to delete the GRPOJob")
     eventually(lambda: not any(k.children().values()), timeout=30, what=f"the garbage collector ({k.children()})")
 
@@ -283,6 +288,17 @@ def test_rollout_replicas_scale_while_running(k):
     eventually(lambda: k.deployment().spec.replicas == 3, what="scaled to 3")
     eventually(lambda: len(k.pods("demo", "rollout")) == 3, what="3 rollout pods")
     eventually(lambda: k.status().get("observedGeneration") == 2, what="observedGeneration 2")
+
+
+def test_a_spec_made_invalid_while_running_stops_the_job(k):
+    k.create()
+    k.run_all()
+    k.wait_phase("Running")
+    k.patch_spec("demo", {"rollout": {"template": {"spec": {"hostNetwork": True}}}})   # mutable, but refused
+    k.wait_phase("Failed")
+    assert k.condition("Invalid")["message"].startswith("spec.rollout.template.spec.hostNetwork")
+    eventually(lambda: k.deployment().spec.replicas == 0, what="rollout scaled to zero")
+    eventually(lambda: k.trainer_job() is None, what="the trainer stopped")
 
 
 @pytest.mark.parametrize("spec", [{"trainer": {"nnodes": 4}}, {"model": {"path": "other/model"}},

@@ -126,3 +126,40 @@ def test_metrics_names_and_phases():
     assert 'grpo_operator_transitions_total{namespace="a",phase="Running"} 1.0' in text
     for name in METRIC_NAMES:
         assert name in text
+
+
+def test_reconciles_of_one_job_never_overlap_and_requests_coalesce():
+    import threading
+    import time
+
+    from grpo_operator.reconciler import Reconciler
+
+    class Probe(Reconciler):
+        def __init__(self):
+            super().__init__(kube=None, settings=OperatorSettings(), metrics=OperatorMetrics(), env={})
+            self.running, self.overlap, self.calls = 0, False, []
+            self.guard = threading.Lock()
+
+        def reconcile(self, namespace, name, *, read_progress=False):
+            with self.guard:
+                self.running += 1
+                self.overlap |= self.running > 1
+            self.calls.append((name, read_progress))
+            time.sleep(0.2)
+            with self.guard:
+                self.running -= 1
+
+    r = Probe()
+    threads = [threading.Thread(target=r.request, args=("ns", "a"), kwargs={"trigger": "pod", "read_progress": i == 3})
+               for i in range(8)]
+    for t in threads:
+        t.start()
+        time.sleep(0.01)
+    for t in threads:
+        t.join()
+    assert not r.overlap
+    # The first request runs; the seven that arrive meanwhile become one more run, which reads
+    # progress because one of them asked to.
+    assert r.calls == [("a", False), ("a", True)]
+    r.request("ns", "b", trigger="grpojob")
+    assert r.calls[-1] == ("b", False)

@@ -15,6 +15,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+import grpc
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
@@ -148,11 +149,23 @@ class Trainer:
         if reply.ready and reply.policy_version == version:
             return
         if self._weights_cache is None:
-            if version == 0 and reply.ready:
-                return      # fresh worker at the initial weights, and so is the policy
             raise RuntimeError(f"worker {worker} is at version {reply.policy_version}, no weights cached yet")
         log.info("Re-syncing rollout worker %s from version %d to %d", worker, reply.policy_version, version)
         self.sender.resync(worker, self._weights_cache.items(), version)
+
+    def _workers_elsewhere(self) -> bool:
+        """Whether a reachable rollout worker is not at this policy version (decided on rank 0,
+        known to every rank: publishing is collective). One that is down is re-synced when it
+        is back (`_ensure_worker_version`)."""
+        elsewhere = False
+        if self.rank == 0:
+            for worker in self.dispatcher.workers():
+                try:
+                    reply = self.dispatcher.health(worker)
+                except grpc.RpcError:
+                    continue
+                elsewhere |= not reply.ready or reply.policy_version != self.state.policy_version
+        return broadcast_json(elsewhere, self.device)
 
     def _publish_weights(self, bump: bool = True) -> float:
         start = time.perf_counter()
@@ -170,8 +183,9 @@ class Trainer:
         if self.rank == 0:
             log.info("Starting GRPO training loop... (%d steps, %d per epoch, world size %d, %s)",
                      self.total_steps, self.steps_per_epoch, self.world, self.device)
-        if self.state.step > 0:
-            # Rollout servers may hold the initial weights: the resumed policy goes out first.
+        if self.state.step > 0 or self._workers_elsewhere():
+            # Rollout servers may hold the initial weights (a resumed run), or a later policy (a
+            # trainer restarted before its first checkpoint): this policy goes out first.
             self._publish_weights(bump=False)
         if self.spec.trainer.val_before_train and self.state.step == 0 and self.spec.data.val_files:
             self.validate()
