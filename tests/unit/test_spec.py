@@ -187,10 +187,15 @@ def test_validate_is_fast_and_never_imports_torch():
 
 
 def test_validate_cli_exit_codes(tmp_path):
-    good = subprocess.run(["grpo", "validate", *map(str, (REPO / "examples").glob("*.yaml"))],
+    good = subprocess.run([sys.executable, "-m", "grpo_api.cli", "validate", *map(str, (REPO / "examples").glob("*.yaml"))],
                           capture_output=True, text=True)
     assert good.returncode == 0, good.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(job_with(**{"data.trainBatchSize": -3})))
-    out = subprocess.run(["grpo", "validate", str(bad)], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "grpo_api.cli", "validate", str(bad)], capture_output=True, text=True)
     assert out.returncode == 1 and "spec.data.trainBatchSize" in out.stderr and "trainBatchSize" in out.stderr
+
+
+def test_api_reference_matches_models():
+    from grpo_api.apidoc import markdown
+    assert (REPO / "docs/API.md").read_text() == markdown(), "run: python -m grpo_api.apidoc > docs/API.md"

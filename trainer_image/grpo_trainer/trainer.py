@@ -352,7 +352,11 @@ class Trainer:
         score = None
         if self.rank == 0 and self.val_rows is not None:
             rows = self.val_rows.rows
-            uris = self._dispatch(self.state.step, "val", 0, rows, n=1, temperature=self.spec.rollout.val_temperature)
+            size = self.spec.data.val_batch_size or len(rows)
+            uris = []
+            for k in range(0, len(rows), size):
+                uris += self._dispatch(self.state.step, f"val{k // size}", 0, rows[k:k + size], n=1,
+                                       temperature=self.spec.rollout.val_temperature)
             samples = self._read_rollouts(uris)
             score = statistics.fmean(s.reward for s in samples)
             epoch = self.sampler.epoch if self.sampler else 0
