@@ -1,10 +1,11 @@
 """Can GRPO teach the quickstart task to the tiny random-init model on a CPU, quickly?
 
 A self-contained minimal GRPO loop (no trainer, no rollout server, no storage), to prove the
-embedded default job (examples/quickstart.yaml) is a real learning run and to pick its
+embedded default job (the quickstart) is a real learning run and to pick its
 hyperparameters. Per step:
 
-  sample P prompts -> HF generate, n samples each (temperature 1.0, full-vocabulary sampling)
+  sample P prompts -> HF generate, n samples each (temperature 1.0, top-p 1.0; the default
+  top-k of 50 exceeds the 26-token vocabulary, so sampling is over the full vocabulary)
   -> verl's strict GSM8K score (inline below) -> GRPO advantages (r - mean_g) / (std_g + 1e-6)
   -> token-mean policy-gradient loss, one update per batch (so the PPO ratio is 1 and the
   clipped loss is plain PG) -> AdamW.
@@ -29,15 +30,18 @@ import time
 import pyarrow.parquet as pq
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
 from grpo_rollout.quickstart_data import FORMAT_SCORE, write_quickstart_dataset
 from grpo_rollout.tiny import build_tiny_model
 
 
 # --- verl's GSM8K rule (verl/utils/reward_score/gsm8k.py, strict), inline -------------------
+GSM8K_ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
+
+
 def gsm8k_score(solution: str, ground_truth: str, format_score: float = 0.0, score: float = 1.0) -> float:
-    solution = solution[-300:]  # verl matches only the last 300 characters
-    found = re.findall(r"#### (\-?[0-9\.\,]+)", solution)
+    found = GSM8K_ANSWER.findall(solution[-300:])  # verl matches only the last 300 characters
     if not found:
         return 0.0
     answer = found[-1].replace(",", "").replace("$", "")  # the last `#### ` wins
@@ -69,14 +73,15 @@ def main() -> None:
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
+    hf_logging.disable_progress_bar()  # no "Loading weights" bars in the log
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
-    tmp = tempfile.mkdtemp(prefix="quickstart-")
-    model_dir = build_tiny_model(f"{tmp}/model", seed=args.seed, **args.size)
-    train_path, test_path = write_quickstart_dataset(f"{tmp}/data", n_val=args.val, seed=args.seed)
-    train, test = pq.read_table(train_path).to_pylist(), pq.read_table(test_path).to_pylist()
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with tempfile.TemporaryDirectory(prefix="quickstart-") as tmp:  # write, then load back, as the job does
+        model_dir = build_tiny_model(f"{tmp}/model", seed=args.seed, **args.size)
+        train_path, test_path = write_quickstart_dataset(f"{tmp}/data", n_val=args.val, seed=args.seed)
+        train, test = pq.read_table(train_path).to_pylist(), pq.read_table(test_path).to_pylist()
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
     eos, pad = tok.eos_token_id, tok.pad_token_id
     # The trainer's optimizer (grpo_trainer.model.build_optimizer): AdamW, verl's defaults.
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.999))
@@ -91,21 +96,22 @@ def main() -> None:
         mask = enc.attention_mask.repeat_interleave(n, 0)
         with torch.no_grad():
             out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=args.max_new_tokens,
-                                 do_sample=not greedy, temperature=args.temperature, top_k=0, top_p=1.0,
+                                 do_sample=not greedy, temperature=args.temperature, top_p=1.0,
                                  eos_token_id=eos, pad_token_id=pad)
         resp = out[:, ids.shape[1]:]
         rmask = response_mask(resp, eos)
         texts = tok.batch_decode(resp, skip_special_tokens=True)
         gts = [r["reward_model"]["ground_truth"] for r in rows for _ in range(n)]
         rewards = torch.tensor([gsm8k_score(t, g, args.format_score) for t, g in zip(texts, gts)])
-        return ids, mask, resp, rmask, rewards, texts
+        formatted = torch.tensor([bool(GSM8K_ANSWER.search(t)) for t in texts]).float()
+        return ids, mask, resp, rmask, rewards, formatted, texts
 
     t0 = time.time()
     history = []
     for step in range(1, args.steps + 1):
         idx = torch.randint(len(train), (args.prompts,), generator=gen).tolist()
         model.eval()
-        ids, mask, resp, rmask, rewards, texts = rollout([train[i] for i in idx], args.n)
+        ids, mask, resp, rmask, rewards, formatted, texts = rollout([train[i] for i in idx], args.n)
 
         # GRPO: advantage = (r - group mean) / (group std + eps), one value for all tokens.
         g = rewards.view(args.prompts, args.n)
@@ -129,11 +135,11 @@ def main() -> None:
         mean_r = rewards.mean().item()
         history.append(mean_r)
         print(f"step {step:3d}  reward {mean_r:.3f}  acc {(rewards == 1).float().mean():.3f}  "
-              f"format {(rewards > 0).float().mean():.3f}  resp_len {rmask.sum(1).mean():.2f}  "
+              f"format {formatted.mean():.3f}  resp_len {rmask.sum(1).mean():.2f}  "
               f"elapsed {time.time() - t0:6.1f}s  e.g. {texts[0]!r}", flush=True)
 
     model.eval()
-    *_, val_rewards, _ = rollout(test, 1, greedy=True)
+    val_rewards = rollout(test, 1, greedy=True)[4]
     elapsed = time.time() - t0
     first = next((i + 1 for i in range(len(history)) if statistics.mean(history[max(0, i - 4):i + 1]) >= 0.8), None)
     print(f"summary: seed {args.seed} lr {args.lr}: reward first step {history[0]:.3f}, "

@@ -200,8 +200,8 @@ class TrainerSpec(_Model):
     """Token budget per micro-batch: when set, micro-batches are formed by tokens, not count (verl: ppo_max_token_len_per_gpu with use_dynamic_bsz)."""
     ppo_epochs: int = Field(default=1, ge=1)
     """Passes over each rollout batch (verl: actor.ppo_epochs)."""
-    lr: float = Field(default=1e-6, gt=0.0)
-    """Learning rate (verl: actor.optim.lr)."""
+    lr: float = Field(default=1e-6, ge=0.0)
+    """Learning rate (verl: actor.optim.lr); 0 freezes the policy (a control run)."""
     lr_warmup_steps: int = Field(default=0, ge=0)
     """Linear warmup steps (verl: actor.optim.lr_warmup_steps)."""
     lr_scheduler: Literal["constant", "cosine"] = "constant"

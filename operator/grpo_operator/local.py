@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpo_api import __version__
 from grpo_api.jobfile import dump_job, load_job
 from grpo_api.spec import GRPOJob
 
@@ -72,7 +73,7 @@ def _builtin_model(uri: str) -> str:
     name = uri.removeprefix(BUILTIN)             # e.g. tiny-qwen3
     if not name.startswith("tiny-"):
         raise ValueError(f"spec.model.path: unknown builtin model {uri!r} (known: builtin://tiny-qwen3)")
-    out = CACHE / "builtin" / name
+    out = CACHE / "builtin" / __version__ / name   # versioned: a new release rebuilds its assets
     if not (out / "config.json").exists():
         log.info("Building the tiny model %s (first use)...", out)
         subprocess.run([*grpo_command(), "model", "tiny", "--arch", name.removeprefix("tiny-"), "--out", str(out)],
@@ -84,7 +85,7 @@ def _builtin_data(uri: str) -> str:
     if not uri.startswith(BUILTIN):
         return uri
     dataset, _, file = uri.removeprefix(BUILTIN).partition("/")
-    out = CACHE / "builtin" / "data" / dataset
+    out = CACHE / "builtin" / __version__ / "data" / dataset
     if not (out / file).exists():
         log.info("Generating the %s dataset in %s (first use)...", dataset, out)
         subprocess.run([*grpo_command(), "data", dataset, "--out", str(out)], check=True)

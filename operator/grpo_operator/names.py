@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_api.spec import API_GROUP, API_VERSION, KIND, PLURAL
+from grpo_api.spec import API_GROUP, API_VERSION, KIND
 
 MANAGER = "grpo-operator"
 JOB_LABEL = "grpo.dev/job"
@@ -88,5 +88,3 @@ def metadata(job: str, namespace: str, uid: str, name: str, component: str) -> d
     return {"name": name, "namespace": namespace, "labels": labels(job, component),
             "ownerReferences": [owner_reference(job, uid)]}
 
-
-GRPOJOB_RESOURCE = (API_GROUP, API_VERSION, PLURAL)

@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from grpo_api.spec import GRPOJob, GRPOJobStatus
+from grpo_api.spec import API_GROUP, API_VERSION, KIND, GRPOJob, GRPOJobStatus
 
 from grpo_operator import conditions, lifecycle, manifests, names, pods
 from grpo_operator.kube import Kube, KubeError
@@ -33,7 +33,7 @@ from grpo_operator.settings import OperatorSettings
 from grpo_operator.validation import parse_grpojob
 
 log = logging.getLogger("grpo.operator")
-GJ = ("grpo.dev/v1alpha1", "GRPOJob")
+GJ = (f"{API_GROUP}/{API_VERSION}", KIND)
 _POD_MONITOR_API = "monitoring.coreos.com/v1"
 _DISCOVERY_TTL = 300.0
 

@@ -59,8 +59,10 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
 
 class HFEngine(Engine):
     def __init__(self, model_path: str | Path, *, dtype: str = "float32", device: str = "cpu",
-                 max_batch_sequences: int = 64, seed: int = 0, tokenizer_path: str | Path | None = None,
+                 max_batch_sequences: int | None = None, seed: int = 0, tokenizer_path: str | Path | None = None,
                  trust_remote_code: bool = False):
+        """max_batch_sequences: sequences decoded together; default 64 on CPU, 256 on a GPU (a
+        decode step costs about the same for 64 or 256 sequences there: it is launch-bound)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self._model_path = str(model_path)
@@ -74,7 +76,7 @@ class HFEngine(Engine):
         self._eos = _eos_ids(self.model, self.tokenizer)
         pad = self.tokenizer.pad_token_id
         self._pad = pad if pad is not None else min(self._eos, default=0)
-        self._max_batch = max_batch_sequences
+        self._max_batch = max_batch_sequences or (256 if self._device.type == "cuda" else 64)
         # Requests without a seed still get reproducible samples: their seeds come from here.
         self._seeds = torch.Generator().manual_seed(seed)
         self._targets = self.model.state_dict(keep_vars=True)
@@ -99,7 +101,9 @@ class HFEngine(Engine):
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("every prompt needs at least one token")
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seeds))
-        generator = torch.Generator().manual_seed(seed)
+        # Sampling runs where the logits are (one [batch, vocab] copy to the host per token cost
+        # more than the forward on a GPU); on CPU this is the same generator as ever.
+        generator = torch.Generator(device=self._device).manual_seed(seed)
         rows = [p for p in prompt_ids for _ in range(params.n)]
         samples: list[Sample] = []
         for start in range(0, len(rows), self._max_batch):
@@ -116,25 +120,40 @@ class HFEngine(Engine):
         from transformers import DynamicCache
         cache = {self._cache_kwarg: DynamicCache(config=self.model.config)}
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **cache)
-        samples = [Sample([], [], "length") for _ in rows]
-        done = [False] * len(rows)
-        for _ in range(params.max_tokens):
-            tokens, logprobs = sample_next(out.logits[:, -1, :].float().cpu(), params, generator)
-            for i, (tok, lp) in enumerate(zip(tokens.tolist(), logprobs.tolist())):
-                if done[i]:
-                    continue
-                samples[i].token_ids.append(tok)
-                samples[i].logprobs.append(lp)
-                if tok in self._eos or self._hit_stop(samples[i].token_ids, params.stop):
-                    samples[i].finish_reason = "stop"
-                    done[i] = True
-            if all(done):
+        b, max_tokens = len(rows), params.max_tokens
+        eos = torch.tensor(sorted(self._eos), dtype=torch.long, device=self._device)
+        token_buf = torch.empty(b, max_tokens, dtype=torch.long, device=self._device)
+        logprob_buf = torch.empty(b, max_tokens, dtype=torch.float32, device=self._device)
+        # A row is done at its first EOS (or stop string); its length then stays put. Rows that
+        # are done keep being decoded with the others, their tokens are dropped.
+        done = torch.zeros(b, dtype=torch.bool, device=self._device)
+        lengths = torch.full((b,), max_tokens, dtype=torch.long, device=self._device)
+        texts: list[list[int]] | None = [[] for _ in rows] if params.stop else None
+        steps = 0
+        for t in range(max_tokens):
+            tokens, logprobs = sample_next(out.logits[:, -1, :].float(), params, generator)
+            token_buf[:, t], logprob_buf[:, t] = tokens, logprobs
+            steps = t + 1
+            hit = ~done & torch.isin(tokens, eos)
+            if texts is not None:   # stop strings: decoded on the host, row by row
+                stop_hit = [False] * b
+                for i, (tok, was_done) in enumerate(zip(tokens.tolist(), done.tolist())):
+                    if not was_done:
+                        texts[i].append(tok)
+                        stop_hit[i] = self._hit_stop(texts[i], params.stop)
+                hit |= torch.tensor(stop_hit, device=self._device)
+            lengths = torch.where(hit, steps, lengths)
+            done |= hit
+            if bool(done.all()):
                 break
-            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=-1)
+            mask = torch.cat([mask, mask.new_ones((b, 1))], dim=-1)
             positions = positions[:, -1:] + 1
-            out = self.model(input_ids=tokens[:, None].to(self._device), attention_mask=mask, position_ids=positions,
+            out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions,
                              use_cache=True, **cache)
-        return samples
+        token_rows = token_buf[:, :steps].tolist()
+        logprob_rows = logprob_buf[:, :steps].tolist()
+        return [Sample(toks[:n], lps[:n], "stop" if stopped else "length")
+                for toks, lps, n, stopped in zip(token_rows, logprob_rows, lengths.tolist(), done.tolist())]
 
     def _hit_stop(self, token_ids: list[int], stop: tuple[str, ...]) -> bool:
         return bool(stop) and any(s in self.decode(token_ids) for s in stop)

@@ -3,6 +3,7 @@ user's cache (helpers in integration_helpers.py)."""
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,9 @@ def dense_reward(tmp_path_factory) -> str:
 def grpo_cache(tmp_path_factory) -> Path:
     """GRPO_CACHE for `grpo run`: the builtin:// model and data are built here on first use."""
     return tmp_path_factory.mktemp("grpo-cache")
+
+
+@pytest.fixture
+def token() -> str:
+    """A fresh per-run RPC token (GRPO_RPC_TOKEN of the trainer and its rollout servers)."""
+    return secrets.token_hex(16)

@@ -84,11 +84,12 @@ def run_root(storage: Path, name: str) -> Path:
 class RolloutServer:
     """`grpo rollout` as a child process on a free loopback port."""
 
-    def __init__(self, job_file: Path, log_path: Path, token: str, worker_id: str, timeout: float = 300.0):
+    def __init__(self, job_file: Path, log_path: Path, token: str, worker_id: str, timeout: float = 300.0,
+                 port: int = 0):
         self.token, self.log_path, self.worker_id = token, log_path, worker_id
-        self._log = open(log_path, "wb")
+        self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(
-            [*grpo_cli(), "rollout", "--spec", str(job_file), "--port", "0", "--host", "127.0.0.1",
+            [*grpo_cli(), "rollout", "--spec", str(job_file), "--port", str(port), "--host", "127.0.0.1",
              "--metrics-port", "-1", "--worker-id", worker_id, "--device", "cpu", "--grace", "1"],
             stdout=subprocess.PIPE, stderr=self._log, env=child_env(GRPO_RPC_TOKEN=token), cwd=job_file.parent)
         self.info: dict = {}
@@ -156,12 +157,16 @@ class TrainerResult:
     output: str
 
 
+def trainer_argv(job_file: Path, rollout: str, nproc: int, overrides: tuple[str, ...] = ()) -> list[str]:
+    sets = [a for kv in overrides for a in ("--set", kv)]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "--no-python", *grpo_cli(), "trainer", "--spec", str(job_file), "--rollout", rollout, *sets]
+
+
 def run_trainer(job_file: Path, *, rollout: str, token: str, nproc: int = 2, timeout: float = 600,
                 log_path: Path | None = None, overrides: tuple[str, ...] = ()) -> TrainerResult:
     """`torchrun --standalone --nproc-per-node=N grpo trainer --spec JOB --rollout ADDRS`, to the end."""
-    sets = [a for kv in overrides for a in ("--set", kv)]
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "--no-python", *grpo_cli(), "trainer", "--spec", str(job_file), "--rollout", rollout, *sets]
+    argv = trainer_argv(job_file, rollout, nproc, overrides)
     log_path = log_path or job_file.with_suffix(".trainer.log")
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=child_env(GRPO_RPC_TOKEN=token),

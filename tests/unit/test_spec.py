@@ -70,7 +70,7 @@ def test_defaults_follow_verl():
     ({"trainer.nprocPerNode": 3}, "spec.trainer.nprocPerNode", "split evenly"),
     ({"trainer.maxTokensPerGPU": 100}, "spec.trainer.maxTokensPerGPU", "so one sequence fits"),
     ({"algorithm.policyLoss": "gspo"}, "spec.algorithm.lossAggMode", "seq-mean-token-mean with policyLoss gspo"),
-    ({"trainer.lr": 0}, "spec.trainer.lr", "greater than 0"),
+    ({"trainer.lr": -1e-6}, "spec.trainer.lr", "greater than or equal to 0"),
     ({"trainer.loggers": ["wandb"]}, "spec.trainer.loggers[0]", "'console'"),
     ({"trainer.testFreq": -2}, "spec.trainer.testFreq", "greater than or equal to -1"),
     ({"storage.uri": "gs://bucket"}, "spec.storage.uri", "(file|s3)"),

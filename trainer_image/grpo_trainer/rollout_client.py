@@ -4,6 +4,11 @@ what failed, and return the rollout shards that together cover every prompt exac
 A worker that dies, times out or lags behind the policy version loses its shard to another
 worker (or to itself once it is back and re-synced). Output URIs carry the attempt number, so a
 late write of a failed attempt can never be mistaken for the accepted one.
+
+Two retry budgets: a shard that fails on workers that answered (an error, a timeout, a version
+conflict) gets `max_attempts`; a shard that finds no worker listening (UNAVAILABLE: the only
+replica is being restarted, a pod is rescheduled and loads its model) keeps waiting for one
+up to the request timeout, since that takes as long as a server's start-up, not a few retries.
 """
 
 from __future__ import annotations
@@ -61,15 +66,18 @@ class RolloutDispatcher:
         for name, data in shards.items():
             self.storage.write_bytes(self.layout.prompt_shard(step, name), data)
         pending = list(shards)
-        attempts = {name: 0 for name in shards}
+        order = {name: k for k, name in enumerate(shards)}
+        attempts = {name: 0 for name in shards}     # tries (they name the output file)
+        failures = {name: 0 for name in shards}     # tries that a worker answered with a failure
+        unreachable_since: dict[str, float] = {}
         done: dict[str, ShardResult] = {}
         while pending:
             workers = self.workers()
             failed: list[str] = []
             with ThreadPoolExecutor(max_workers=len(workers)) as pool:
                 futures = {}
-                for k, name in enumerate(pending):
-                    worker = workers[(k + attempts[name]) % len(workers)]  # a retry moves on
+                for name in pending:
+                    worker = workers[(order[name] + attempts[name]) % len(workers)]  # a retry moves on
                     attempts[name] += 1
                     futures[name] = (worker, pool.submit(self._generate_one, worker, step, tag, name,
                                                          attempts[name], sampling, version))
@@ -80,9 +88,17 @@ class RolloutDispatcher:
                         detail = exc.details() if isinstance(exc, grpc.RpcError) else repr(exc)
                         log.warning("rollout shard %s on %s failed (attempt %d): %s", name, worker,
                                     attempts[name], detail)
-                        if attempts[name] >= self.max_attempts:
-                            raise RuntimeError(f"rollout shard {name} failed {attempts[name]} times; "
-                                               f"last error on {worker}: {detail}") from exc
+                        if isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE:
+                            since = unreachable_since.setdefault(name, time.monotonic())
+                            if time.monotonic() - since > self.timeout:
+                                raise RuntimeError(f"rollout shard {name}: no rollout server reachable for "
+                                                   f"{self.timeout:.0f}s; last error on {worker}: {detail}") from exc
+                        else:
+                            unreachable_since.pop(name, None)
+                            failures[name] += 1
+                            if failures[name] >= self.max_attempts:
+                                raise RuntimeError(f"rollout shard {name} failed {failures[name]} times; "
+                                                   f"last error on {worker}: {detail}") from exc
                         failed.append(name)
                         self._stubs.pop(worker, None)
             if failed:

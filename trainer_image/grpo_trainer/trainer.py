@@ -31,7 +31,7 @@ from grpo_trainer.metrics import MetricsLogger, setup_logging
 from grpo_trainer.model import (build_optimizer, build_policy, build_reference, load_tokenizer,
                                 num_parameters)
 from grpo_trainer.rollout_client import RolloutDispatcher, static_or_dns_discovery
-from grpo_trainer.weight_sync import CollectiveWeightSender, GrpcWeightSender, WeightSender
+from grpo_trainer.weight_sync import CollectiveWeightSender, GrpcWeightSender, WeightSender, WeightSyncError
 
 log = logging.getLogger("grpo.trainer")
 
@@ -174,7 +174,14 @@ class Trainer:
         if self.rank == 0:
             self._weights_cache = weights
             workers = self.dispatcher.workers()
-            self.sender.send(workers, weights.items(), self.state.policy_version)
+            try:
+                self.sender.send(workers, weights.items(), self.state.policy_version)
+            except WeightSyncError as exc:
+                # A worker died or restarted mid-update: the run goes on. Every Generate first
+                # brings its worker to the expected version (`_ensure_worker_version`), and a
+                # worker that can't get there loses its shard to another.
+                log.warning("weight update to version %d did not reach every rollout worker (%s); "
+                            "they are re-synced before their next rollout", self.state.policy_version, exc)
         return time.perf_counter() - start
 
     # --- the loop ----------------------------------------------------------------------------

@@ -1,0 +1,182 @@
+"""Issue 7, the local launcher: `grpo run examples/quickstart.yaml` as a user runs it (a
+subprocess, in its own cwd; GRPO_CACHE in a temp folder so the builtin:// model and data are
+built there), shortened with --set.
+
+- the quickstart learns: its reward rises by more than the same run with a learning rate too
+  small to change anything (lr must be > 0) could show;
+- a SIGKILLed rollout server is restarted by the launcher and the run completes every step;
+- Ctrl-C (SIGINT to `grpo run`) exits 130 and leaves no process and no port behind; running the
+  same command again resumes from the last checkpoint;
+- `grpo report RUN_DIR` writes the plots and a summary with the reward line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from integration_helpers import (QUICKSTART, LauncherRun, alive, cmdline, descendants, grpo_cli, port_in_use,
+                                 read_metrics, run_grpo, wait_until)
+
+pytestmark = pytest.mark.integration
+
+RUN_DIR = Path("outputs") / "quickstart" / "tiny_qwen3_grpo"   # quickstart.yaml's project/experiment
+# Shortened: no validation, no intermediate checkpoints (the final step still saves one).
+SHORT = ["trainer.testFreq=-1", "trainer.saveFreq=-1", "trainer.valBeforeTrain=false"]
+
+LEARN_STEPS = 100
+K = 20                     # steps averaged at each end of the run
+CONTROL_LR = 1e-12         # trainer.lr must be > 0: this one moves no weight that matters
+
+
+# --- the quickstart learns ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def learning_runs(tmp_path_factory, grpo_cache):
+    """The quickstart, shortened, and the same run with a ~zero learning rate, side by side."""
+    tmp = tmp_path_factory.mktemp("quickstart")
+    # Build the builtin:// assets once, before two launchers race to build them.
+    code, out = run_grpo(QUICKSTART, tmp / "warmup", grpo_cache, [*SHORT, "trainer.totalSteps=1"], timeout=600)
+    assert code == 0, out[-6000:]
+    runs = {name: LauncherRun(QUICKSTART, _mkdir(tmp / name), grpo_cache,
+                              [*SHORT, f"trainer.totalSteps={LEARN_STEPS}", *extra])
+            for name, extra in (("learn", []), ("control", [f"trainer.lr={CONTROL_LR}"]))}
+    for name, run in runs.items():
+        code = run.wait(900)
+        assert code == 0, f"{name}: {run.log()[-6000:]}"
+    return {name: run.cwd / RUN_DIR for name, run in runs.items()}
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _reward_gain(run_dir: Path) -> tuple[float, float]:
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, LEARN_STEPS + 1))
+    reward = [r["critic/score/mean"] for r in rows]
+    return statistics.fmean(reward[:K]), statistics.fmean(reward[-K:])
+
+
+def test_quickstart_reward_rises_beyond_a_no_learning_control(learning_runs):
+    learn_first, learn_last = _reward_gain(learning_runs["learn"])
+    ctrl_first, ctrl_last = _reward_gain(learning_runs["control"])
+    learn_gain, ctrl_gain = learn_last - learn_first, ctrl_last - ctrl_first
+    detail = (f"learning run {learn_first:.3f} -> {learn_last:.3f} (+{learn_gain:.3f}); "
+              f"control (lr={CONTROL_LR}) {ctrl_first:.3f} -> {ctrl_last:.3f} ({ctrl_gain:+.3f})")
+    print(detail)
+    # The control only resamples the same policy: its gain is noise (a few hundredths here).
+    assert abs(ctrl_gain) < 0.03, detail
+    assert learn_gain > ctrl_gain + 0.03, detail
+    assert learn_last > 2 * ctrl_last, detail
+    assert all(r["actor/lr"] == pytest.approx(CONTROL_LR) for r in read_metrics(learning_runs["control"]))
+
+
+def test_grpo_report(learning_runs, tmp_path):
+    run_dir = learning_runs["learn"]
+    proc = subprocess.run([*grpo_cli(), "report", str(run_dir), "--out", str(tmp_path / "report")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for png in ("reward.png", "kl.png", "entropy.png", "response_length.png", "throughput.png", "timing.png"):
+        data = (tmp_path / "report" / png).read_bytes()
+        assert data.startswith(b"\x89PNG") and len(data) > 1000, png
+    summary = (tmp_path / "report" / "summary.txt").read_text()
+    assert f"steps: {LEARN_STEPS}" in summary
+    reward_line = next(line for line in summary.splitlines() if line.startswith("reward:"))
+    assert "->" in reward_line and "first" in reward_line and "last" in reward_line
+    assert reward_line in proc.stdout
+    # default output folder: RUN_DIR/report
+    proc = subprocess.run([*grpo_cli(), "report", str(run_dir)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and (run_dir / "report" / "reward.png").exists()
+
+
+def test_grpo_report_without_metrics(tmp_path):
+    proc = subprocess.run([*grpo_cli(), "report", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "metrics.jsonl" in proc.stderr
+
+
+# --- a killed rollout server is restarted -----------------------------------------------------------
+
+def _rollout_servers(launcher_pid: int) -> list[int]:
+    """The `grpo rollout` processes the launcher started (its direct children)."""
+    from integration_helpers import _stat
+    return [pid for pid in descendants(launcher_pid)
+            if (st := _stat(pid)) and st[0] == launcher_pid and "rollout" in cmdline(pid)]
+
+
+def _steps_done(run_dir: Path) -> int:
+    try:
+        return json.loads((run_dir / "progress.json").read_text())["step"]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def test_killed_rollout_server_is_restarted(tmp_path, grpo_cache):
+    steps = 8
+    run = LauncherRun(QUICKSTART, tmp_path, grpo_cache, [*SHORT, f"trainer.totalSteps={steps}"])
+    try:
+        run_dir = tmp_path / RUN_DIR
+        wait_until(lambda: _steps_done(run_dir) >= 2, 300, what="step 2")
+        [victim] = _rollout_servers(run.proc.pid)
+        os.kill(victim, signal.SIGKILL)
+        code = run.wait(600)
+    finally:
+        if run.proc.poll() is None:
+            run.kill_tree()
+    out = run.log()
+    assert code == 0, out[-6000:]
+    assert "rollout-0 exited with -9; restarting it (1/" in out, out[-6000:]
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    # the restarted server came back at the initial weights: the trainer re-synced it
+    assert "Re-syncing rollout worker" in out or rows[-1]["rollout/redispatched_shards"] > 0, out[-6000:]
+    assert (run_dir / "hf" / f"step-{steps}" / "model.safetensors").exists()
+
+
+# --- Ctrl-C ---------------------------------------------------------------------------------------------
+
+def test_ctrl_c_stops_everything_and_a_rerun_resumes(tmp_path, grpo_cache):
+    overrides = [*SHORT, "trainer.totalSteps=10", "trainer.saveFreq=2"]
+    run = LauncherRun(QUICKSTART, tmp_path, grpo_cache, overrides)
+    run_dir = tmp_path / RUN_DIR
+    try:
+        wait_until(lambda: (run_dir / "checkpoints" / "step-2" / "manifest.json").exists(), 300,
+                   what="the step-2 checkpoint")
+        tree = descendants(run.proc.pid)
+        trainer = [pid for pid in tree if "torch.distributed.run" in cmdline(pid)]
+        assert trainer and len(tree) >= 3, {pid: cmdline(pid) for pid in tree}
+        rollout_arg = cmdline(trainer[0])[cmdline(trainer[0]).index("--rollout") + 1]
+        ports = [int(addr.rsplit(":", 1)[1]) for addr in rollout_arg.split(",")]
+        assert all(port_in_use(p) for p in ports)
+        run.proc.send_signal(signal.SIGINT)
+        code = run.wait(120)
+    finally:
+        if run.proc.poll() is None:
+            run.kill_tree()
+    out = run.log()
+    assert code == 130, out[-6000:]
+    assert "Interrupted" in out
+    survivors = {pid: cmdline(pid) for pid, start in tree.items() if alive(pid, start)}
+    assert not survivors, survivors
+    assert not any(port_in_use(p) for p in ports), ports
+    # the trainer got SIGTERM: it checkpointed at the next step boundary (or was cut short by
+    # the launcher's grace period, leaving the last scheduled checkpoint)
+    latest = max(int(p.parent.name.removeprefix("step-")) for p in run_dir.glob("checkpoints/step-*/manifest.json"))
+    assert 2 <= latest < 10
+
+    # the same command again, as the launcher's message says
+    rerun = LauncherRun(QUICKSTART, tmp_path, grpo_cache, overrides, log_name="rerun.log")
+    code = rerun.wait(600)
+    out = rerun.log()
+    assert code == 0, out[-6000:]
+    assert f"Resumed from file://{run_dir.absolute()}/checkpoints/step-{latest} (step {latest}," in out, out[-6000:]
+    first_step = int(out.split(", Step ", 1)[1].split(":", 1)[0])
+    assert first_step == latest + 1
+    assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, 11))
