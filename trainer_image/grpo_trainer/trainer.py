@@ -195,7 +195,9 @@ class Trainer:
             # trainer restarted before its first checkpoint): this policy goes out first.
             self._publish_weights(bump=False)
         if self.spec.trainer.val_before_train and self.state.step == 0 and self.spec.data.val_files:
-            self.validate()
+            score = self.validate()
+            if self.rank == 0:
+                self.metrics.log(0, {"val/score": score})
         while self.state.step < self.total_steps:
             if self._stop_requested():
                 self.save()
