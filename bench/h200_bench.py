@@ -334,7 +334,7 @@ def load_engine(args, variant: str, model_dir: str):
     else:
         from grpo_rollout.hf_engine import HFEngine
         engine = HFEngine(model_dir, dtype=dtype, device=dev.type, seed=0)
-    engine._eos = set()   # the workload: EOS suppressed, every response is max_tokens long
+    engine._eos = {-1}   # the workload: EOS suppressed (no token is -1), every response is max_tokens long
     return engine, torch.device(dev)
 
 

@@ -30,8 +30,8 @@ RUN_DIR = Path("outputs") / "quickstart" / "tiny_qwen3_grpo"   # quickstart.yaml
 # Shortened: no validation, no intermediate checkpoints (the final step still saves one).
 SHORT = ["trainer.testFreq=-1", "trainer.saveFreq=-1", "trainer.valBeforeTrain=false"]
 
-LEARN_STEPS = 100
-K = 20                     # steps averaged at each end of the run
+LEARN_STEPS = 60
+K = 10                     # steps averaged at each end of the run
 CONTROL_LR = 1e-12         # trainer.lr must be > 0: this one moves no weight that matters
 
 
@@ -72,10 +72,13 @@ def test_quickstart_reward_rises_beyond_a_no_learning_control(learning_runs):
     detail = (f"learning run {learn_first:.3f} -> {learn_last:.3f} (+{learn_gain:.3f}); "
               f"control (lr={CONTROL_LR}) {ctrl_first:.3f} -> {ctrl_last:.3f} ({ctrl_gain:+.3f})")
     print(detail)
-    # The control only resamples the same policy: its gain is noise (a few hundredths here).
+    # The control resamples (almost) the initial policy: its gain is noise, a few thousandths.
+    # A broken update (no gradient, wrong sign, weights not reaching the rollout servers) stays
+    # at the control's level; the learning run climbs far above it (about 0.01 -> 0.3 in 60
+    # steps with the quickstart of bench/RESULTS.md). The margins leave room for other tunings.
     assert abs(ctrl_gain) < 0.03, detail
-    assert learn_gain > ctrl_gain + 0.03, detail
-    assert learn_last > 2 * ctrl_last, detail
+    assert learn_gain > ctrl_gain + 0.05, detail
+    assert learn_last > 3 * ctrl_last + 0.02, detail
     assert all(r["actor/lr"] == pytest.approx(CONTROL_LR) for r in read_metrics(learning_runs["control"]))
 
 

@@ -83,6 +83,22 @@ class MetricsLogger:
             self._tb.close()
 
 
+class ProgressBar:
+    """step / total, reward and tokens/s on rank 0's terminal (silent when not a tty)."""
+
+    def __init__(self, total: int, initial: int):
+        from tqdm import tqdm
+        self._bar = tqdm(total=total, initial=initial, desc="GRPO", unit="step", disable=None, dynamic_ncols=True)
+
+    def update(self, metrics: dict[str, float]) -> None:
+        self._bar.set_postfix(reward=f"{metrics.get('critic/score/mean', 0):.3f}",
+                              tok_s=f"{metrics.get('perf/throughput', 0):.0f}", refresh=False)
+        self._bar.update(1)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
 def _fmt(v: float) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 

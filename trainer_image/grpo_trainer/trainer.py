@@ -27,7 +27,7 @@ from grpo_api.spec import GRPOJob, WeightSyncSpec
 from grpo_api.storage import Storage, job_root
 from grpo_trainer import actor, batch as batching, checkpoint
 from grpo_trainer.data import EpochSampler, PromptRow, load_prompts, prompt_shard_table
-from grpo_trainer.metrics import MetricsLogger, setup_logging
+from grpo_trainer.metrics import MetricsLogger, ProgressBar, setup_logging
 from grpo_trainer.model import (build_optimizer, build_policy, build_reference, load_tokenizer,
                                 num_parameters)
 from grpo_trainer.rollout_client import RolloutDispatcher, static_or_dns_discovery
@@ -198,6 +198,7 @@ class Trainer:
             score = self.validate()
             if self.rank == 0:
                 self.metrics.log(0, {"val/score": score})
+        bar = ProgressBar(self.total_steps, self.state.step) if self.rank == 0 else None
         while self.state.step < self.total_steps:
             if self._stop_requested():
                 self.save()
@@ -215,7 +216,9 @@ class Trainer:
             if self.rank == 0:
                 self.metrics.log(self.state.step, metrics)
                 self._write_progress(metrics)
+                bar.update(metrics)
         if self.rank == 0:
+            bar.close()
             self.export_final()
             self.metrics.close()
         dist.barrier()
