@@ -53,7 +53,7 @@ run() {
   echo "=== $name (timeout ${t}s): $*"
   local s=$(date +%s)
   timeout -k 15 "$t" $PY bench/h200_bench.py "$@" $TINY_FLAG --workdir "$W" --results "$OUT/results.jsonl" \
-    --log-dir "$OUT" 2>&1 | grep -v -E 'it/s\]|s/it\]|Loading weights|Writing model shards'
+    --log-dir "$OUT" 2>&1 | grep --line-buffered -v -E 'it/s\]|s/it\]|Loading weights|Writing model shards'
   echo "=== $name rc=$? in $(( $(date +%s) - s ))s (elapsed $(( $(date +%s) - START ))s)"
 }
 

@@ -6,7 +6,9 @@ progress. One `Storage` over `pyarrow.fs` for `file://` and `s3://` URIs (DESIGN
   completes (a single PUT, or a completed multipart upload for large objects).
 - Transient failures (network, throttling, 5xx, I/O errors) are retried with exponential
   backoff, a bounded number of times; then `StorageError` names the operation and the URI.
-  Permanent ones (not found, access denied) are raised at once.
+  Permanent ones (access denied, read-only, a file in the way) are raised at once, as a
+  `StorageError` naming the operation and the URI; a missing file or object being read stays
+  a `FileNotFoundError`.
 - S3 credentials come only from the environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
   optionally `AWS_SESSION_TOKEN`), which the pods get from `spec.storage.secretRef`. They are
   never logged or put in an error message.
@@ -119,6 +121,8 @@ class Storage:
                 return fn()
             except Exception as exc:
                 if not is_transient(exc):
+                    if _name_permanent(op, exc):
+                        raise StorageError(f"{op} {uri}: {exc}") from exc
                     raise
                 if attempt == self._attempts:
                     raise StorageError(f"{op} {uri}: failed {attempt} times, last error: {exc}") from exc
@@ -127,6 +131,26 @@ class Storage:
                 time.sleep(delay)
                 delay = min(delay * 2, self._max_backoff)
         raise AssertionError("unreachable")
+
+    def check_writable(self, uri: str) -> None:
+        """Write and delete an empty probe object under the folder/prefix `uri`: a location that
+        can't be written (read-only, denied, a file in the way) fails here with a StorageError
+        naming it, before a run has done any work. The probe's name is a temporary one, which
+        `list` never shows, even if deleting it fails."""
+        probe = f"{uri.rstrip('/')}/{_TMP_PREFIX}write-check-{uuid.uuid4().hex}"
+        self.write_bytes(probe, b"")
+        self.delete(probe)
+
+    def delete(self, uri: str) -> None:
+        """Delete one file/object; nothing happens when it's absent."""
+        fs, path = self.resolve(uri)
+
+        def delete() -> None:
+            try:
+                fs.delete_file(path)
+            except FileNotFoundError:
+                pass
+        self._retry("delete", uri, delete)
 
     # -- bytes -----------------------------------------------------------------------------
 
@@ -195,6 +219,15 @@ class Storage:
 _TMP_PREFIX = ".tmp-"
 
 
+def _name_permanent(op: str, exc: BaseException) -> bool:
+    """Whether a permanent error is re-raised as a StorageError naming the operation and the
+    URI (a bare OSError names at most a local path). A missing file stays FileNotFoundError
+    for readers, which test for it; a write that finds no place to go is named."""
+    if not isinstance(exc, OSError) or isinstance(exc, StorageError):
+        return False
+    return op == "write" or not isinstance(exc, FileNotFoundError)
+
+
 def _is_temporary(name: str) -> bool:
     return name.startswith(_TMP_PREFIX)
 
@@ -216,6 +249,14 @@ def _write_local_atomic(path: str, data: bytes) -> None:
 def _write_stream(fs: pafs.FileSystem, path: str, data: bytes) -> None:
     with fs.open_output_stream(path) as f:
         f.write(data)
+
+
+def check_local_model_path(path: str, field: str = "spec.model.path") -> None:
+    """A model path that can only be a local folder (absolute, ./, ../) must exist: transformers
+    would take it for a hub id and answer with a confusing repo-id error."""
+    if path.startswith(("/", "./", "../")) and not Path(path).exists():
+        raise FileNotFoundError(f"{field}: {path!r} does not exist (give a local model folder, "
+                                f"or a Hugging Face model id such as Qwen/Qwen3-8B)")
 
 
 def job_root(job: "GRPOJob", *, local: bool, cwd: str | Path | None = None) -> str:

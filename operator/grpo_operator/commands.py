@@ -15,12 +15,15 @@ def run(argv: list[str]) -> int:
                         help="override a field, e.g. --set trainer.totalSteps=5")
     args = parser.parse_args(argv)
     from grpo_api.jobfile import JobError
-    from grpo_operator.local import run_job
+    from grpo_operator.local import LaunchError, run_job
     try:
         return run_job(args.job, args.overrides)
-    except (JobError, ValueError) as exc:
+    except (JobError, ValueError, OSError) as exc:    # a bad job, a missing file, an unwritable folder
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except LaunchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 def report(argv: list[str]) -> int:

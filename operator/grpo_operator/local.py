@@ -12,6 +12,7 @@ Only subprocesses here: the launcher never imports torch, the trainer or the rol
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -21,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,9 +78,28 @@ def _builtin_model(uri: str) -> str:
     out = CACHE / "builtin" / __version__ / name   # versioned: a new release rebuilds its assets
     if not (out / "config.json").exists():
         log.info("Building the tiny model %s (first use)...", out)
-        subprocess.run([*grpo_command(), "model", "tiny", "--arch", name.removeprefix("tiny-"), "--out", str(out)],
-                       check=True)
+        with _building(out) as tmp:
+            subprocess.run([*grpo_command(), "model", "tiny", "--arch", name.removeprefix("tiny-"), "--out", str(tmp)],
+                           check=True)
     return str(out)
+
+
+@contextlib.contextmanager
+def _building(out: Path):
+    """A temp folder next to `out` that becomes `out` once the build succeeds: two runs building
+    the same asset at once (or one killed mid-build) never leave a half-written folder."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp.chmod(0o755)          # mkdtemp's 0700 would hide the cache from other users of GRPO_CACHE
+    try:
+        yield tmp
+        try:
+            tmp.rename(out)
+        except OSError:       # another run finished first: a non-empty `out` is there, keep it
+            if not out.is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _builtin_data(uri: str) -> str:
@@ -88,13 +109,43 @@ def _builtin_data(uri: str) -> str:
     out = CACHE / "builtin" / __version__ / "data" / dataset
     if not (out / file).exists():
         log.info("Generating the %s dataset in %s (first use)...", dataset, out)
-        subprocess.run([*grpo_command(), "data", dataset, "--out", str(out)], check=True)
+        with _building(out) as tmp:
+            subprocess.run([*grpo_command(), "data", dataset, "--out", str(tmp)], check=True)
     if not (out / file).exists():
         raise ValueError(f"spec.data: builtin dataset {dataset!r} has no file {file!r}")
     return str(out / file)
 
 
 # --- processes -------------------------------------------------------------------------------
+
+class LaunchError(RuntimeError):
+    """A process of the run could not start; the message says which and why."""
+
+
+def _last_line(path: Path | None) -> str:
+    """The last non-empty line of a child's log: its error, when it failed at start-up."""
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except (OSError, AttributeError):
+        return "(no log)"
+    return lines[-1].strip() if lines else "(empty log)"
+
+
+def preflight(job: GRPOJob) -> None:
+    """What can be checked on this machine before anything starts or is written: a local model
+    folder and local dataset files exist."""
+    from grpo_api.storage import check_local_model_path
+    spec = job.spec
+    check_local_model_path(spec.model.path)
+    if spec.model.tokenizer_path:
+        check_local_model_path(spec.model.tokenizer_path, "spec.model.tokenizerPath")
+    for field, files in (("trainFiles", spec.data.train_files), ("valFiles", spec.data.val_files)):
+        for i, uri in enumerate(files):
+            if "://" in uri and not uri.startswith("file://"):
+                continue        # object storage: the trainer reads (and checks) it
+            if not Path(uri.removeprefix("file://")).is_file():
+                raise FileNotFoundError(f"spec.data.{field}[{i}]: {uri} not found")
+
 
 @dataclass
 class Child:
@@ -130,7 +181,11 @@ class LocalRun:
     def __init__(self, job: GRPOJob):
         from grpo_api.storage import job_root
         self.job = job
-        self.root = Path(job_root(job, local=True).removeprefix("file://"))
+        root, trainer = job_root(job, local=True), job.spec.trainer
+        # The run's own folder: on file:// storage the job's root; with s3:// storage the spec
+        # and the process logs still live on this machine, in the local default folder.
+        self.root = (Path(root.removeprefix("file://")) if root.startswith("file://") else
+                     Path.cwd() / "outputs" / trainer.project_name / trainer.experiment_name)
         self.logs = self.root / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.spec_path = self.root / "job.yaml"
@@ -156,14 +211,15 @@ class LocalRun:
             stub = rollout_stub(f"127.0.0.1:{port}", self.env["GRPO_RPC_TOKEN"])
             while True:
                 if child.proc.poll() is not None:
-                    raise RuntimeError(f"{child.name} exited with {child.proc.returncode}; see {child.log_path}")
+                    raise LaunchError(f"{child.name} exited with {child.proc.returncode}: "
+                                      f"{_last_line(child.log_path)} (full log: {child.log_path})")
                 try:
                     if stub.Health(pb.HealthRequest(), timeout=2).ready:
                         break
                 except Exception:  # noqa: BLE001 - not listening yet
                     pass
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"{child.name} not ready after {timeout:.0f}s; see {child.log_path}")
+                    raise LaunchError(f"{child.name} not ready after {timeout:.0f}s; see {child.log_path}")
                 time.sleep(0.5)
 
     def run(self) -> int:
@@ -218,4 +274,5 @@ class LocalRun:
 def run_job(path: str, overrides: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="[%(levelname)s] %(message)s")
     job = resolve_builtin(load_job(path, overrides))
+    preflight(job)
     return LocalRun(job).run()

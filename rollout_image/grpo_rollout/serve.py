@@ -84,7 +84,11 @@ def main(argv: list[str]) -> int:
         return 2
     engine = server = None
     try:
-        server, port = _start(args, job, spec, token, worker_id, metrics, rewards, holder)
+        try:
+            server, port = _start(args, job, spec, token, worker_id, metrics, rewards, holder)
+        except (OSError, ValueError) as exc:   # the model can't be loaded, the port is taken...
+            print(f"grpo rollout: {exc}", file=sys.stderr)
+            return 2
         engine = holder["worker"].engine
         info = {"port": port, "metrics_port": http.server_address[1] if http else None, "worker_id": worker_id,
                 "pid": os.getpid()}
@@ -107,11 +111,14 @@ def main(argv: list[str]) -> int:
 
 
 def _start(args, job, spec, token, worker_id, metrics, rewards, holder):
-    from grpo_api.storage import Storage
+    from grpo_api.storage import Storage, check_local_model_path
     from grpo_rollout.engine import build_engine
     from grpo_rollout.server import RolloutServicer, start_server
     from grpo_rollout.worker import RolloutWorker
 
+    check_local_model_path(spec.model.path)
+    if spec.model.tokenizer_path:
+        check_local_model_path(spec.model.tokenizer_path, "spec.model.tokenizerPath")
     engine = build_engine(spec.rollout.engine, spec.model.path, dtype=spec.model.dtype.value, device=_device(args.device),
                           seed=spec.rollout.seed, tokenizer_path=spec.model.tokenizer_path,
                           trust_remote_code=spec.model.trust_remote_code,

@@ -216,6 +216,11 @@ def _stat(pid: int) -> tuple[int, int, str] | None:
     return int(fields[1]), int(fields[19]), fields[0]
 
 
+def parent(pid: int) -> int | None:
+    st = _stat(pid)
+    return st[0] if st else None
+
+
 def cmdline(pid: int) -> list[str]:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]

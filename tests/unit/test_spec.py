@@ -45,7 +45,9 @@ def test_defaults_follow_verl():
     assert spec.resume == "auto"
 
 
-@pytest.mark.parametrize("changes, field, reason", [
+# (changes to BASE, the field named, part of the reason): also what tests/faults feeds to
+# `grpo validate` and to the API server through the CRD.
+INVALID_SPECS = [
     ({"data.trainBatchSize": -3}, "spec.data.trainBatchSize", "greater than or equal to 1"),
     ({"data.trainBatchSize": "many"}, "spec.data.trainBatchSize", "valid integer"),
     ({"data.trainFiles": []}, "spec.data.trainFiles", "at least 1"),
@@ -80,7 +82,10 @@ def test_defaults_follow_verl():
     ({"runPolicy.backoffLimit": -1}, "spec.runPolicy.backoffLimit", "greater than or equal to 0"),
     ({"model.path": ""}, "spec.model.path", "at least 1 character"),
     ({"model.dtype": "int8"}, "spec.model.dtype", "bfloat16"),
-])
+]
+
+
+@pytest.mark.parametrize("changes, field, reason", INVALID_SPECS)
 def test_bad_spec_names_field_and_reason(changes, field, reason):
     errors = errors_of(job_with(**changes))
     assert any(e.startswith(field + ":") and reason in e for e in errors), errors

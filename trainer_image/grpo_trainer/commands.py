@@ -30,13 +30,13 @@ def trainer(argv: list[str]) -> int:
     backend = "nccl" if job.spec.trainer.device != "cpu" and _cuda() else "gloo"
     dist.init_process_group(backend)
     try:
-        from grpo_trainer.data import DataError
-        from grpo_trainer.trainer import Trainer
+        from grpo_trainer.trainer import SetupError, Trainer
         try:
             t = Trainer(job, rollout_addresses=args.rollout, token=read_token(), local=args.run_locally,
                         metrics_port=args.metrics_port)
-        except (DataError, FileNotFoundError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
+        except (SetupError, FileNotFoundError) as exc:
+            if dist.get_rank() == 0:   # every rank stops with the same message: say it once
+                print(f"error: {exc}", file=sys.stderr)
             return 2
         import signal
         signal.signal(signal.SIGTERM, lambda *_: t.request_stop())

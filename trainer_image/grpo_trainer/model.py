@@ -13,12 +13,14 @@ import torch
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from grpo_api.spec import ModelSpec, TrainerSpec
+from grpo_api.storage import check_local_model_path
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def load_hf_model(spec: ModelSpec, *, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM
+    check_local_model_path(spec.path, "spec.model.path")
     try:
         return AutoModelForCausalLM.from_pretrained(
             spec.path, dtype=dtype, trust_remote_code=spec.trust_remote_code, attn_implementation="sdpa")
@@ -29,6 +31,7 @@ def load_hf_model(spec: ModelSpec, *, dtype: torch.dtype = torch.float32):
 def load_tokenizer(spec: ModelSpec):
     from transformers import AutoTokenizer
     path = spec.tokenizer_path or spec.path
+    check_local_model_path(path, "spec.model.tokenizerPath" if spec.tokenizer_path else "spec.model.path")
     try:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
     except OSError as exc:

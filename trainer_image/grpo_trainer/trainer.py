@@ -24,9 +24,9 @@ import torch.distributed as dist
 from grpo_api.proto import rollout_pb2 as pb
 from grpo_api.records import RunLayout
 from grpo_api.spec import GRPOJob, WeightSyncSpec
-from grpo_api.storage import Storage, job_root
+from grpo_api.storage import Storage, StorageError, job_root
 from grpo_trainer import actor, batch as batching, checkpoint
-from grpo_trainer.data import EpochSampler, PromptRow, load_prompts, prompt_shard_table
+from grpo_trainer.data import DataError, EpochSampler, PromptRow, load_prompts, prompt_shard_table
 from grpo_trainer.metrics import MetricsLogger, ProgressBar, setup_logging
 from grpo_trainer.model import (build_optimizer, build_policy, build_reference, load_tokenizer,
                                 num_parameters)
@@ -51,6 +51,10 @@ def broadcast_json(obj, device: torch.device):
         buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
     dist.broadcast(buf, 0)
     return json.loads(bytes(buf.cpu().tolist()).decode())
+
+
+class SetupError(RuntimeError):
+    """The run can't start (bad data, unwritable storage); the message says what to fix."""
 
 
 @dataclass
@@ -84,15 +88,21 @@ class Trainer:
         self.tokenizer = load_tokenizer(self.spec.model)
         self.state = State()
         self.sampler: EpochSampler | None = None
+        problem = None
         if self.rank == 0:
-            self.train_rows = load_prompts(self.spec.data.train_files, self.spec.data, self.tokenizer, self.storage)
-            self.val_rows = (load_prompts(self.spec.data.val_files, self.spec.data, self.tokenizer, self.storage)
-                             if self.spec.data.val_files else None)
-            self.sampler = EpochSampler(len(self.train_rows.rows), self.spec.data.train_batch_size,
-                                        self.spec.data.seed, self.spec.data.shuffle)
-            if self.train_rows.filtered:
-                log.info("Filtered %d overlong prompts (data.filterOverlongPrompts)", self.train_rows.filtered)
-        batches_per_epoch = broadcast_json(self.sampler.batches_per_epoch if self.sampler else 0, self.device)
+            try:
+                self._load_data()
+                # Before any model is built: a storage location that can't be written fails now.
+                self._check_storage()
+            except (DataError, StorageError) as exc:
+                problem = str(exc)
+        # Rank 0 decides; every rank stops on its problem, with its message (not a broken pipe).
+        setup = broadcast_json({"error": problem} if problem else
+                               {"batches_per_epoch": self.sampler.batches_per_epoch if self.sampler else 0},
+                               self.device)
+        if "error" in setup:
+            raise SetupError(setup["error"])
+        batches_per_epoch = setup["batches_per_epoch"]
         self.total_steps = self.spec.trainer.total_steps or self.spec.trainer.total_epochs * batches_per_epoch
         self.steps_per_epoch = batches_per_epoch
         self.model = build_policy(self.spec.model, self.device)
@@ -115,6 +125,21 @@ class Trainer:
                 ensure_version=self._ensure_worker_version)
 
     # --- setup -------------------------------------------------------------------------------
+
+    def _load_data(self) -> None:
+        data = self.spec.data
+        self.train_rows = load_prompts(data.train_files, data, self.tokenizer, self.storage)
+        self.val_rows = load_prompts(data.val_files, data, self.tokenizer, self.storage) if data.val_files else None
+        self.sampler = EpochSampler(len(self.train_rows.rows), data.train_batch_size, data.seed, data.shuffle)
+        if self.train_rows.filtered:
+            log.info("Filtered %d overlong prompts (data.filterOverlongPrompts)", self.train_rows.filtered)
+
+    def _check_storage(self) -> None:
+        try:
+            self.storage.check_writable(self.layout.root)
+        except StorageError as exc:
+            raise StorageError(f"spec.storage.uri: can't write the run's files under {self.layout.root}: "
+                               f"{exc}") from None
 
     def _device(self) -> torch.device:
         want = self.spec.trainer.device
