@@ -37,6 +37,10 @@ _OPTIONS = [
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    # A restarted rollout server is back in seconds: don't let gRPC's reconnect backoff (up to
+    # 120 s by default) keep failing calls to it.
+    ("grpc.initial_reconnect_backoff_ms", 500),
+    ("grpc.max_reconnect_backoff_ms", 5_000),
 ]
 
 

@@ -95,19 +95,22 @@ class _BucketAssembly:
         self.index = index
         self.placed = placed
         self.expected = max((t.offset + t.nbytes for t in placed), default=0)
-        self.data = bytearray()
+        # Allocated once at its final size (appending would copy it again each time it grows).
+        self.data = bytearray(self.expected)
+        self.size = 0
         self.sha = hashlib.sha256()
         self.overflow = False
 
     def add(self, data: bytes) -> None:
-        if len(self.data) + len(data) > self.expected:
+        if self.size + len(data) > self.expected:
             self.overflow = True  # keep hashing nothing more; the bucket will be rejected
             return
-        self.data += data
+        self.data[self.size:self.size + len(data)] = data
+        self.size += len(data)
         self.sha.update(data)
 
     def intact(self, sha256: str) -> bool:
-        return not self.overflow and len(self.data) == self.expected and self.sha.hexdigest() == sha256
+        return not self.overflow and self.size == self.expected and self.sha.hexdigest() == sha256
 
 
 class _Group:

@@ -12,6 +12,7 @@ sys.path.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -103,6 +104,22 @@ def kill_tree(pid: int) -> list[int]:
         except ProcessLookupError:
             pass
     return victims
+
+
+@contextlib.contextmanager
+def paused(pid: int):
+    """SIGSTOP `pid` and its descendants for the duration (then SIGCONT)."""
+    pids = [pid, *descendants(pid)]
+    for p in pids:
+        os.kill(p, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
 
 def trainer_log_tail(path: Path, chars: int = 8000) -> str:

@@ -123,6 +123,26 @@ def load_full_state_dict(uri: str, storage: Storage) -> dict[str, torch.Tensor]:
     return full
 
 
+def full_weights_for_rollout(model, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The full weights as the rollout engines hold them (collective; rank 0's dict has them,
+    the others' is empty): cast to `dtype` on the device before the copy to the host (half
+    the bytes of the float32 masters in bfloat16), and a tied tensor once, under its first name
+    (the tied LM head is the embedding: engines load one and have both). `save_hf` reads
+    this dict too (it casts to the model's dtype and re-ties)."""
+    from torch.distributed.tensor import DTensor
+    rank = dist.get_rank()
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        if rank == 0:
+            out[name] = full.detach().to(dtype).cpu()
+    return out
+
+
 def full_state_dict_for_export(model) -> dict[str, torch.Tensor]:
     """Gather the sharded model to full CPU tensors (collective; rank 0 gets them)."""
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -165,7 +165,9 @@ class Trainer:
     # --- weights -----------------------------------------------------------------------------
 
     def _gather_weights(self) -> dict[str, torch.Tensor] | None:
-        full = checkpoint.full_state_dict_for_export(self.model)   # collective on every rank
+        # In the rollout engines' dtype (spec.model.dtype), tied weights once: what they load.
+        dtype = getattr(torch, self.spec.model.dtype.value) if self.device.type == "cuda" else torch.float32
+        full = checkpoint.full_weights_for_rollout(self.model, dtype)   # collective on every rank
         return full if self.rank == 0 else None
 
     def _ensure_worker_version(self, worker: str, version: int) -> None:
@@ -275,7 +277,9 @@ class Trainer:
             shards[f"{tag}-shard-{k // per:03d}"] = sink.getvalue()
         r = self.spec.rollout
         sampling = pb.SamplingParams(n=n, max_tokens=self.spec.data.max_response_length, temperature=temperature,
-                                     top_p=r.top_p, top_k=r.top_k, seed=r.seed * 1_000_003 + step)
+                                     top_p=r.top_p, top_k=r.top_k)
+        # No seed: each server derives one from (rollout.seed, step, shard), so shards of a step
+        # draw independent samples and a re-dispatched shard draws the same ones.
         results = self.dispatcher.generate(step, tag, shards, sampling, self.state.policy_version)
         return [res.reply.rollout_uri for res in results]
 

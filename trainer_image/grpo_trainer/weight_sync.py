@@ -161,9 +161,10 @@ class GrpcWeightSender(WeightSender):
         report = SyncReport(version=version, seconds=0.0, nbytes=sum(b.nbytes for b in buckets))
         with ThreadPoolExecutor(max_workers=len(workers), thread_name_prefix="weights") as pool:
             for bucket in buckets:
-                data = pack_bucket(bucket, tensors, torch.device("cpu")).numpy().tobytes()
-                sha = hashlib.sha256(data).hexdigest()
-                futures = {w: pool.submit(self._push, w, version, bucket, len(buckets), data, sha, report)
+                # A view of the packed buffer (no copy); each stream hashes the chunks as it sends
+                # them, so no pass over the bucket comes before its first byte goes out.
+                data = memoryview(pack_bucket(bucket, tensors, torch.device("cpu")).numpy())
+                futures = {w: pool.submit(self._push, w, version, bucket, len(buckets), data, report)
                            for w in workers}
                 failures = []
                 for w, fut in futures.items():
@@ -178,12 +179,12 @@ class GrpcWeightSender(WeightSender):
         report.seconds = time.monotonic() - started
         return report
 
-    def _push(self, worker: str, version: int, bucket: Bucket, num_buckets: int, data: bytes, sha: str,
+    def _push(self, worker: str, version: int, bucket: Bucket, num_buckets: int, data: memoryview,
               report: SyncReport) -> None:
         for attempt in range(1, self.max_attempts + 1):
             try:
                 reply = self._stubs(worker).UpdateWeights(
-                    self._chunks(version, bucket, num_buckets, data, sha), timeout=self.timeout)
+                    self._chunks(version, bucket, num_buckets, data, None), timeout=self.timeout)
             except grpc.RpcError as exc:
                 raise WeightSyncError(f"UpdateWeights: {exc.code().name}: {exc.details()}") from None
             if bucket.index in reply.accepted_buckets:
@@ -193,15 +194,22 @@ class GrpcWeightSender(WeightSender):
             report.resent.setdefault(worker, []).append(bucket.index)
         raise WeightSyncError(f"bucket {bucket.index} rejected {self.max_attempts} times")
 
-    def _chunks(self, version: int, bucket: Bucket, num_buckets: int, data: bytes, sha: str) -> Iterator[pb.WeightChunk]:
-        """The UpdateWeights messages of one bucket: metadata on the first, sha256 on the last."""
+    def _chunks(self, version: int, bucket: Bucket, num_buckets: int, data: bytes | memoryview,
+                sha: str | None = None) -> Iterator[pb.WeightChunk]:
+        """The UpdateWeights messages of one bucket: metadata on the first, the bucket's sha256
+        on the last (`sha`, or hashed chunk by chunk as they go)."""
+        hasher = hashlib.sha256() if sha is None else None
         starts = range(0, max(len(data), 1), self.chunk_bytes)
         for k, start in enumerate(starts):
             last = k == len(starts) - 1
+            piece = bytes(data[start:start + self.chunk_bytes])
+            if hasher is not None:
+                hasher.update(piece)
             yield pb.WeightChunk(
                 version=version, bucket_index=bucket.index, num_buckets=num_buckets,
                 tensors=[tensor_meta(t) for t in bucket.tensors] if k == 0 else [],
-                data=data[start:start + self.chunk_bytes], last_in_bucket=last, sha256=sha if last else "")
+                data=piece, last_in_bucket=last,
+                sha256=(sha if hasher is None else hasher.hexdigest()) if last else "")
 
     def close(self) -> None:
         self._stubs.close()
