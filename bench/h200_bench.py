@@ -602,6 +602,7 @@ def cmd_step(args) -> None:
                         "mfu_trainer_estimate": m.get("perf/mfu")})
             row["gather_s"] = row["timing_s/weight_sync"] - row["send_s"]
             rows.append(row)
+            emit(args, "step_row", step=step, warmup=step <= args.warmup, **row)   # kept if a later step times out
             log(f"step {step}: " + ", ".join(f"{k.removeprefix('timing_s/')}={v:.2f}" for k, v in row.items()
                                               if isinstance(v, float)))
         timed = rows[args.warmup:]

@@ -46,10 +46,10 @@ phase_timeout() {  # the phase's own limit, cut to what the deadline leaves
   echo $want
 }
 
-run() {
-  local name=$1 limit=$2; shift 2
+run() {  # run NAME LIMIT_S MIN_S ARGS...: skipped when the deadline leaves less than MIN_S
+  local name=$1 limit=$2 min=$3; shift 3
   local t; t=$(phase_timeout "$limit")
-  if (( t < 20 )); then echo "=== SKIP $name: deadline"; return; fi
+  if (( t < min )); then echo "=== SKIP $name: the deadline leaves ${t}s (< ${min}s)"; return; fi
   echo "=== $name (timeout ${t}s): $*"
   local s=$(date +%s)
   timeout -k 15 "$t" $PY bench/h200_bench.py "$@" $TINY_FLAG --workdir "$W" --results "$OUT/results.jsonl" \
@@ -62,15 +62,15 @@ for phase in $PHASES; do
   extra_var="BENCH_ARGS_${phase//-/_}"
   extra=${!extra_var:-}
   case $phase in
-    build)        run build 150 build $extra ;;
-    train)        run train 200 train --max-tokens 16384,24576 --warmup 1 --steps 3 $extra ;;
-    train-compile) run train-compile 200 train --compile --max-tokens 16384 --warmup 2 --steps 3 $extra ;;
-    gen-baseline) run gen-baseline 90 gen --variant baseline --prompts 8 --gen-tokens 128 $extra ;;
-    gen)          run gen 110 gen --variant current --reps 2 $extra ;;
-    step)         run step 240 step --max-tokens 16384 --warmup 1 --steps 2 $extra ;;
-    sync)         run sync 150 sync --sync-variants fp32,bf16-dedup --reps 1 $extra ;;
-    storage)      run storage 60 storage --reps 5 $extra ;;
-    trl)          run trl 200 trl --warmup 1 --steps 1 $extra ;;
+    build)        run build 150 60 build $extra ;;
+    train)        run train 200 60 train --max-tokens 16384,24576 --warmup 1 --steps 3 $extra ;;
+    train-compile) run train-compile 200 100 train --compile --max-tokens 16384 --warmup 2 --steps 3 $extra ;;
+    gen-baseline) run gen-baseline 90 40 gen --variant baseline --prompts 8 --gen-tokens 128 $extra ;;
+    gen)          run gen 110 50 gen --variant current --reps 2 $extra ;;
+    step)         run step 260 120 step --max-tokens 24576 --warmup 1 --steps 2 $extra ;;
+    sync)         run sync 150 60 sync --sync-variants fp32,bf16-dedup --reps 1 $extra ;;
+    storage)      run storage 60 20 storage --reps 5 $extra ;;
+    trl)          run trl 200 95 trl --warmup 1 --steps 1 $extra ;;
     *) echo "unknown phase $phase" ;;
   esac
 done

@@ -135,11 +135,24 @@ class Storage:
     def check_writable(self, uri: str) -> None:
         """Write and delete an empty probe object under the folder/prefix `uri`: a location that
         can't be written (read-only, denied, a file in the way) fails here with a StorageError
-        naming it, before a run has done any work. The probe's name is a temporary one, which
-        `list` never shows, even if deleting it fails."""
+        naming it, before a run has done any work. Nothing is left behind: not the probe (its
+        name is a temporary one, which `list` never shows, even if deleting it fails), not the
+        folders it needed."""
         probe = f"{uri.rstrip('/')}/{_TMP_PREFIX}write-check-{uuid.uuid4().hex}"
+        fs, path = self.resolve(probe)
+        existing = Path(path).parent
+        while isinstance(fs, pafs.LocalFileSystem) and not existing.exists():
+            existing = existing.parent
         self.write_bytes(probe, b"")
         self.delete(probe)
+        if isinstance(fs, pafs.LocalFileSystem):   # and the folders the probe made: nothing is left
+            made = Path(path).parent
+            while made != existing and made.is_relative_to(existing):
+                try:
+                    made.rmdir()
+                except OSError:
+                    break
+                made = made.parent
 
     def delete(self, uri: str) -> None:
         """Delete one file/object; nothing happens when it's absent."""

@@ -52,3 +52,16 @@ def s3(tmp_path):
     server = S3Process(tmp_path / "s3").start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def grpojob_crd(control_plane, kubectl_bin):
+    """The generated GRPOJob CRD, applied to this session's control plane and Established."""
+    import subprocess
+    crd = Path(__file__).resolve().parents[2] / "crds" / "grpojob.yaml"
+    for args in (["apply", "--server-side", "-f", str(crd)],
+                 ["wait", "--for=condition=Established", "crd/grpojobs.grpo.dev", "--timeout=60s"]):
+        out = subprocess.run([kubectl_bin, "--kubeconfig", str(control_plane.kubeconfig), *args],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+    return crd

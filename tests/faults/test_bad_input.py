@@ -1,0 +1,230 @@
+"""Bad input (issue 12): each refused with a message naming what is wrong, and nothing created,
+written or lost. Through the commands a user runs: `grpo validate`, `grpo run`, and the trainer
+as the launcher and the operator start it (`grpo trainer` under torchrun). The same invalid
+specs at `kubectl apply` are in test_bad_input_crd.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from integration_helpers import child_env, grpo_cli, run_root, trainer_argv, write_job
+from unit.test_spec import INVALID_SPECS, job_with
+
+pytestmark = [pytest.mark.faults]
+
+
+def _grpo(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*grpo_cli(), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env=child_env(GRPO_CACHE=str(cwd / ".cache")))
+
+
+def _tree(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*")) if path.exists() else []
+
+
+# --- the job file ----------------------------------------------------------------------------------
+
+def test_malformed_yaml_is_refused_with_its_line_and_nothing_is_created(tmp_path):
+    bad = tmp_path / "job.yaml"
+    bad.write_text("spec:\n  model: {path: x\n  data: 3\n")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    validate = _grpo("validate", str(bad), cwd=cwd)
+    assert validate.returncode == 1 and f"{bad}: invalid GRPOJob" in validate.stderr
+    assert "malformed YAML at line 3" in validate.stderr, validate.stderr
+    run = _grpo("run", str(bad), cwd=cwd)
+    assert run.returncode == 2 and "malformed YAML at line 3" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr
+    assert _tree(cwd) == []
+
+
+def test_every_invalid_spec_is_refused_by_grpo_validate_naming_the_field(tmp_path):
+    """tests/unit/test_spec.py's table of invalid specs, through the CLI, all in one call: every
+    file is reported, each with the field path and the reason."""
+    assert len(INVALID_SPECS) >= 30
+    files = []
+    for k, (changes, _, _) in enumerate(INVALID_SPECS):
+        doc = {"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob", "metadata": {"name": f"bad-{k:02d}"},
+               **job_with(**changes)}
+        files.append(tmp_path / f"bad-{k:02d}.yaml")
+        files[-1].write_text(yaml.safe_dump(doc))
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump({"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob",
+                                    "metadata": {"name": "good"}, **job_with()}))
+    out = _grpo("validate", *map(str, files), str(good), cwd=tmp_path)
+    assert out.returncode == 1
+    assert f"{good}: ok" in out.stdout
+    # stderr: "<file>: invalid GRPOJob" then one "  - <field>: <reason>" line per problem
+    blocks = dict(re.findall(r"^(\S+\.yaml): invalid GRPOJob\n((?:  - .*\n?)+)", out.stderr, flags=re.M))
+    assert set(blocks) == set(map(str, files)), out.stderr[-3000:]
+    for path, (changes, field, reason) in zip(files, INVALID_SPECS):
+        lines = blocks[str(path)].splitlines()
+        assert any(ln.startswith(f"  - {field}:") and reason in ln for ln in lines), (changes, lines)
+    # and `grpo run` refuses one the same way, before creating anything
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    run = _grpo("run", str(files[0]), cwd=cwd)
+    assert run.returncode == 2 and INVALID_SPECS[0][1] in run.stderr, run.stderr
+    assert _tree(cwd) == []
+
+
+# --- what the trainer finds when it starts -------------------------------------------------------------
+
+def _read_only_prefix(folder: Path) -> list[str]:
+    """An argv prefix under which `folder` is read-only: chmod for a normal user; for root (who
+    writes anyway) a read-only bind mount in a private mount namespace of the command alone."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        return []
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", 'mount -o bind,ro "$0" "$0" && ! touch "$0/x"', str(folder)],
+                           capture_output=True)
+    if probe.returncode:
+        pytest.skip(f"running as root without a way to make {folder} read-only: {probe.stderr[-300:]!r}")
+    return ["unshare", "-m", "sh", "-c", 'mount -o bind,ro "$0" "$0" && exec "$@"', str(folder)]
+
+
+def _parquet(table: pa.Table, path: Path) -> Path:
+    pq.write_table(table, path)
+    return path
+
+
+def _break(case: str, tmp: Path, train: Path) -> tuple[dict, list[str]]:
+    """The job sections that break it in this way (files made under `tmp`), and an argv prefix
+    for the trainer."""
+    table = pq.read_table(train)
+    if case == "dataset-missing":
+        return {"data": {"trainFiles": [str(tmp / "nope.parquet")]}}, []
+    if case == "dataset-not-parquet":
+        (tmp / "t.parquet").write_text("prompt,data_source\nhi,x\n")
+        return {"data": {"trainFiles": [str(tmp / "t.parquet")]}}, []
+    if case == "dataset-without-columns":
+        return {"data": {"trainFiles": [str(_parquet(table.drop(["data_source"]), tmp / "t.parquet"))]}}, []
+    if case == "dataset-empty":
+        return {"data": {"trainFiles": [str(_parquet(table.slice(0, 0), tmp / "t.parquet"))]}}, []
+    if case == "dataset-smaller-than-a-batch":
+        return {"data": {"trainFiles": [str(_parquet(table.slice(0, 3), tmp / "t.parquet"))]}}, []
+    if case == "validation-set-missing":
+        return {"data": {"valFiles": [str(tmp / "val.parquet")]}}, []
+    if case == "prompt-overlong-truncation-error":
+        rows = table.slice(0, 8).to_pylist()
+        rows[5]["prompt"] = [{"role": "user", "content": " ".join(["copy the digit"] * 20)}]
+        bad = _parquet(pa.Table.from_pylist(rows, schema=table.schema), tmp / "t.parquet")
+        return {"data": {"trainFiles": [str(bad)], "truncation": "error", "filterOverlongPrompts": False}}, []
+    if case == "model-path-missing":
+        return {"model": {"path": str(tmp / "no-model")}}, []
+    if case == "resume-from-an-incomplete-checkpoint":
+        (tmp / "ckpt" / "step-3").mkdir(parents=True)          # DCP files may be there; no manifest
+        return {"resume": f"file://{tmp}/ckpt/step-3"}, []
+    if case == "storage-read-only":
+        (tmp / "ro").mkdir()
+        return {"storage": {"uri": f"file://{tmp}/ro/runs"}}, _read_only_prefix(tmp / "ro")
+    if case == "storage-under-a-file":
+        (tmp / "ro").write_text("a file in the way")
+        return {"storage": {"uri": f"file://{tmp}/ro/runs"}}, []
+    raise AssertionError(case)
+
+
+# What the one error line starts with (`tmp` is where _break made its files).
+MESSAGES = {
+    "dataset-missing": "error: {tmp}/nope.parquet: dataset file not found",
+    "dataset-not-parquet": "error: {tmp}/t.parquet: can't read as parquet",
+    "dataset-without-columns": "error: {tmp}/t.parquet: missing column(s) data_source",
+    "dataset-empty": "error: {tmp}/t.parquet: no usable prompts",
+    "dataset-smaller-than-a-batch": "error: the training set has 3 prompts, fewer than data.trainBatchSize=4",
+    "validation-set-missing": "error: {tmp}/val.parquet: dataset file not found",
+    "prompt-overlong-truncation-error": "error: {tmp}/t.parquet: row 5 has a ",
+    "model-path-missing": "error: spec.model.path: '{tmp}/no-model' does not exist",
+    "resume-from-an-incomplete-checkpoint":
+        "error: spec.resume: file://{tmp}/ckpt/step-3 is not a complete checkpoint (no manifest.json)",
+    "storage-read-only": "error: spec.storage.uri: can't write the run's files under file://{tmp}/ro/runs/default/bad: "
+                         "write file://{tmp}/ro/runs/default/bad/",
+    "storage-under-a-file": "error: spec.storage.uri: can't write the run's files under file://{tmp}/ro/runs/default/bad",
+}
+CASES = list(MESSAGES)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case", CASES)
+def test_the_trainer_refuses_bad_input_before_writing_anything(case, tmp_path, tiny_model, train_data):
+    work = tmp_path / "in"
+    work.mkdir()
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    sections, prefix = _break(case, work, train_data)
+    # write_job takes model and storage as arguments and merges other sections: set these after
+    replaced = {key: sections.pop(key) for key in ("model", "storage", "resume") if key in sections}
+    storage = tmp_path / "store"
+    job = write_job(tmp_path / "job.yaml", name="bad", model=model, train=train_data, storage=storage,
+                    trainer={"nprocPerNode": 1}, **sections)
+    doc = yaml.safe_load(job.read_text())
+    for key, value in replaced.items():
+        doc["spec"][key] = {**doc["spec"][key], **value} if isinstance(value, dict) else value
+    job.write_text(yaml.safe_dump(doc))
+    before = {p: _tree(p) for p in (work, model, storage)}
+    nproc = 2 if case == "dataset-empty" else 1            # one case with 2 ranks: rank 1 stops cleanly too
+    argv = [*prefix, *trainer_argv(job, "127.0.0.1:9", nproc, (f"trainer.nprocPerNode={nproc}",))]
+    # no rollout server at 127.0.0.1:9: the trainer must stop before it talks to one
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=child_env(GRPO_RPC_TOKEN="t"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-4000:]
+    assert re.search(r"exitcode\s*: 2 ", out), out[-4000:]        # the trainer's own code: a usage error
+    expected = MESSAGES[case].format(tmp=work)
+    errors = [ln for ln in out.splitlines() if ln.startswith("error: ")]
+    assert errors and errors[0].startswith(expected), (expected, errors, out[-3000:])
+    assert len(errors) == 1, errors                                 # said once, by rank 0
+    assert not re.search(r"^\[rank\d+\]:", out, flags=re.M), out[-4000:]     # no rank's traceback
+    assert "Connection closed by peer" not in out and "Step 1" not in out
+    assert {p: _tree(p) for p in (work, model, storage)} == before  # nothing written, nothing lost
+
+
+# --- `grpo run`: what can be checked before anything starts ----------------------------------------------
+
+@pytest.mark.parametrize("change, message", [
+    ({"model": {"path": "/nonexistent/model"}}, "error: spec.model.path: '/nonexistent/model' does not exist "
+                                                "(give a local model folder, or a Hugging Face model id such as "
+                                                "Qwen/Qwen3-8B)"),
+    ({"data": {"trainFiles": ["/nonexistent/train.parquet"]}},
+     "error: spec.data.trainFiles[0]: /nonexistent/train.parquet not found"),
+])
+def test_grpo_run_checks_local_paths_before_starting_anything(tmp_path, tiny_model, train_data, change, message):
+    change = dict(change)
+    job = write_job(tmp_path / "job.yaml", name="bad", model=change.pop("model", {}).get("path", tiny_model),
+                    train=train_data, storage=tmp_path / "store", **change)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    out = _grpo("run", str(job), cwd=cwd)
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1] == message, out.stderr[-3000:]
+    assert _tree(cwd) == [] and not (tmp_path / "store").exists()
+
+
+@pytest.mark.integration
+def test_grpo_run_names_a_rollout_server_that_cannot_start(tmp_path, tiny_model, train_data):
+    job = write_job(tmp_path / "job.yaml", name="bad-reward", model=tiny_model, train=train_data,
+                    storage=tmp_path / "store", reward={"function": f"{tmp_path}/missing.py:score"})
+    out = _grpo("run", str(job), cwd=tmp_path, timeout=300)
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 1 and last.startswith("error: rollout-0 exited with 2: grpo rollout: "), out.stderr[-3000:]
+    assert "missing.py" in last and "(full log: " in last
+    assert "Traceback" not in out.stderr
+    root = run_root(tmp_path / "store", "bad-reward")
+    assert not (root / "prompts").exists() and not (root / "checkpoints").exists()
+
+
+def test_grpo_validate_names_a_missing_file(tmp_path):
+    """`grpo validate` of a file that isn't there: the path and the reason."""
+    out = subprocess.run([sys.executable, "-m", "grpo_api.cli", "validate", str(tmp_path / "missing.yaml")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and f"{tmp_path}/missing.yaml: invalid GRPOJob" in out.stderr
+    assert "can't read file: No such file or directory" in out.stderr
