@@ -11,6 +11,12 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
   "$venv/bin/pip" install -q --upgrade pip >&2
 fi
-# The project itself is installed editable (no deps) each time, so the venv follows this clone.
-"$venv/bin/pip" install -q -e "$repo[dev]" >&2
+# Dependencies install the first time and are only checked afterwards; the project itself is
+# re-installed editable each time, so the venv follows this clone.
+# (pip's build warnings go to a log, shown only when the install fails)
+log="$(dirname "$venv")/setup.log"
+if ! "$venv/bin/pip" install -q -e "$repo[dev]" >"$log" 2>&1; then
+  cat "$log" >&2
+  exit 1
+fi
 echo "$venv"

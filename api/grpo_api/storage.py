@@ -176,11 +176,15 @@ class Storage:
             self._retry("write", uri, lambda: _write_stream(fs, path, data))
 
     def read_bytes(self, uri: str) -> bytes:
+        """The whole file/object, as one version: never the start of one write and the rest of
+        another, even while it is being replaced."""
         fs, path = self.resolve(uri)
-
-        def read() -> bytes:
-            with fs.open_input_stream(path) as f:
-                return f.read()
+        if isinstance(fs, pafs.LocalFileSystem):
+            def read() -> bytes:
+                with fs.open_input_stream(path) as f:     # one open file: one version (rename)
+                    return f.read()
+        else:
+            read = lambda: _read_object_whole(fs, path)  # noqa: E731
         return self._retry("read", uri, read)
 
     # -- arrow tables ----------------------------------------------------------------------
@@ -257,6 +261,23 @@ def _write_local_atomic(path: str, data: bytes) -> None:
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+class _ObjectChanged(OSError):
+    """The object was replaced while it was read (transient: read it again)."""
+
+
+def _read_object_whole(fs: pafs.FileSystem, path: str) -> bytes:
+    # An input *stream* reads a large object with several ranged GETs: an object replaced
+    # meanwhile comes back as pieces of two versions. One GET for the whole size returns one
+    # version; a replacement of another size between the size lookup and the GET (a truncated
+    # or short read) shows in the size, checked again after the read.
+    with fs.open_input_file(path) as f:
+        size = f.size()
+        data = f.read_at(size, 0) if size else b""
+    if len(data) != size or fs.get_file_info(path).size != size:
+        raise _ObjectChanged(f"{path} changed while it was read ({size} bytes, then {len(data)})")
+    return bytes(data)
 
 
 def _write_stream(fs: pafs.FileSystem, path: str, data: bytes) -> None:

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from chart_helpers import ALL_VALUES, CHART, MONITORING_CRDS, REPO, find, render, run
+from controlplane.cluster import retry
 
 VARIANTS = {"defaults": [], "all-options": ["-f", str(ALL_VALUES)]}
 
@@ -262,7 +263,8 @@ def test_helm_install_creates_the_crd_the_operator_and_its_rbac(helm, cluster):
     out = run(helm, "--kubeconfig", kubeconfig, "install", "grpo", str(CHART), "--namespace", "grpo-system",
               "--create-namespace").stdout
     assert "kubectl -n <namespace> get gj -w" in out                 # NOTES.txt
-    kubectl("wait", "--for=condition=Established", "crd/grpojobs.grpo.dev", "--timeout=60s")
+    # kubectl wait errors out (instead of waiting) while a new CRD's status.conditions is still null.
+    retry(lambda: kubectl("wait", "--for=condition=Established", "crd/grpojobs.grpo.dev", "--timeout=60s"))
     deploy = json.loads(kubectl("-n", "grpo-system", "get", "deployment", "grpo-grpo-operator", "-o", "json").stdout)
     assert deploy["spec"]["strategy"]["type"] == "Recreate" and deploy["spec"]["replicas"] == 1
     kubectl("-n", "grpo-system", "get", "serviceaccount/grpo-grpo-operator", "service/grpo-grpo-operator-metrics",

@@ -348,3 +348,14 @@ if __name__ == "__main__":
         except KeyboardInterrupt:
             pass
     sys.exit(0)
+
+
+def retry(action, attempts: int = 20, delay: float = 0.5):
+    """Run `action` until it stops raising (for API states that settle a moment later)."""
+    for attempt in range(attempts):
+        try:
+            return action()
+        except BaseException:  # pytest.fail raises a BaseException subclass
+            if attempt == attempts - 1:
+                raise
+            time.sleep(delay)

@@ -14,6 +14,8 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from .cluster import retry
+
 pytestmark = pytest.mark.controlplane
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,8 +48,9 @@ def grpojob_crd(control_plane, kubectl_bin):
     if not CRD_FILE.exists():
         pytest.fail(f"{CRD_FILE} is missing (generate it with `grpo crd`)", pytrace=False)
     kubectl(kubectl_bin, control_plane, "apply", "--server-side", "-f", str(CRD_FILE))
-    kubectl(kubectl_bin, control_plane, "wait", "--for=condition=Established",
-            f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+    # kubectl wait errors out (instead of waiting) while a new CRD's status.conditions is still null.
+    retry(lambda: kubectl(kubectl_bin, control_plane, "wait", "--for=condition=Established",
+                          f"crd/{PLURAL}.{GROUP}", "--timeout=60s"))
     return CRD_FILE
 
 

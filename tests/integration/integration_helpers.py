@@ -251,9 +251,13 @@ def alive(pid: int, start_time: int) -> bool:
 
 
 def port_in_use(port: int) -> bool:
+    """Whether something still listens on the port. SO_REUSEADDR, as servers (gRPC) set it: a
+    killed server's connections linger in TIME_WAIT, which doesn't keep a new server out."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
+            s.listen()
         except OSError:
             return True
     return False

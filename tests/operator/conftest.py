@@ -16,6 +16,7 @@ import pytest
 
 # The control plane's session fixtures, shared with tests/controlplane (tests/ is on sys.path:
 # the root conftest.py is not in a package).
+from controlplane.cluster import retry
 from controlplane.conftest import admin_client, control_plane, kubectl_bin, namespace  # noqa: F401
 from operator_helpers import eventually, kubectl
 from operator_process import MONITORING_CRDS, OPERATOR_NS, REPO, SERVICE_ACCOUNT, OperatorProcess, render_rbac
@@ -26,8 +27,10 @@ def cluster_crds(control_plane, kubectl_bin):
     """The GRPOJob CRD and the monitoring stubs, Established."""
     kubectl(kubectl_bin, control_plane, "apply", "--server-side", "-f", str(REPO / "crds" / "grpojob.yaml"))
     kubectl(kubectl_bin, control_plane, "apply", "--server-side", "-f", str(MONITORING_CRDS))
-    kubectl(kubectl_bin, control_plane, "wait", "--for=condition=Established", "--timeout=60s",
-            "crd/grpojobs.grpo.dev", "crd/podmonitors.monitoring.coreos.com", "crd/servicemonitors.monitoring.coreos.com")
+    # kubectl wait errors out (instead of waiting) while a new CRD's status.conditions is still null.
+    retry(lambda: kubectl(kubectl_bin, control_plane, "wait", "--for=condition=Established", "--timeout=60s",
+                          "crd/grpojobs.grpo.dev", "crd/podmonitors.monitoring.coreos.com",
+                          "crd/servicemonitors.monitoring.coreos.com"))
     _wait_for_garbage_collector(control_plane, kubectl_bin)
 
 
