@@ -13,11 +13,14 @@ def run(argv: list[str]) -> int:
     parser.add_argument("job", help="GRPOJob YAML, e.g. examples/quickstart.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a field, e.g. --set trainer.totalSteps=5")
+    parser.add_argument("--metrics", action="store_true",
+                        help="serve Prometheus metrics of the trainer and each rollout server on free ports "
+                             "(logged, and written to <run>/metrics-targets.json for file_sd)")
     args = parser.parse_args(argv)
     from grpo_api.jobfile import JobError
     from grpo_operator.local import LaunchError, run_job
     try:
-        return run_job(args.job, args.overrides)
+        return run_job(args.job, args.overrides, metrics=args.metrics)
     except (JobError, ValueError, OSError) as exc:    # a bad job, a missing file, an unwritable folder
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -7,6 +7,11 @@ its port (the trainer re-dispatches its shard and re-syncs its weights); Ctrl-C,
 trainer failure stops every child, so no process or port outlives the run. The exit code is the
 trainer's (130 after Ctrl-C).
 
+`grpo run --metrics` gives the trainer (rank 0) and each rollout server a fixed free Prometheus
+port (a restarted server keeps its port), logs them and writes `<run>/metrics-targets.json`, a
+Prometheus file_sd file. The series carry the job's `job` (metadata.name) and `namespace`
+("default" here) labels, as the dashboards expect: scrape with `honor_labels: true`.
+
 Only subprocesses here: the launcher never imports torch, the trainer or the rollout package.
 """
 
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import secrets
@@ -178,7 +184,7 @@ class Child:
 
 
 class LocalRun:
-    def __init__(self, job: GRPOJob):
+    def __init__(self, job: GRPOJob, metrics: bool = False):
         from grpo_api.storage import job_root
         self.job = job
         root, trainer = job_root(job, local=True), job.spec.trainer
@@ -192,16 +198,34 @@ class LocalRun:
         self.spec_path.write_text(dump_job(job))
         self.env = {**os.environ, "GRPO_RPC_TOKEN": secrets.token_hex(16), "PYTHONUNBUFFERED": "1"}
         self.rollout_ports = [free_port() for _ in range(job.spec.rollout.replicas)]
+        # Prometheus ports (--metrics): the trainer's, one per rollout server. Without it the trainer
+        # serves none and each rollout server picks any free port (0), as before.
+        self.trainer_metrics_port = free_port() if metrics else None
+        self.rollout_metrics_ports = [free_port() if metrics else 0 for _ in self.rollout_ports]
         grpo = grpo_command()
         self.rollouts = [
             Child(f"rollout-{i}", [*grpo, "rollout", "--spec", str(self.spec_path), "--port", str(port),
-                                   "--worker-id", f"rollout-{i}"], self.logs / f"rollout-{i}.log")
-            for i, port in enumerate(self.rollout_ports)]
+                                   "--metrics-port", str(mport), "--worker-id", f"rollout-{i}"],
+                  self.logs / f"rollout-{i}.log")
+            for i, (port, mport) in enumerate(zip(self.rollout_ports, self.rollout_metrics_ports))]
         addresses = ",".join(f"127.0.0.1:{p}" for p in self.rollout_ports)
         nproc = job.spec.trainer.nproc_per_node
         self.trainer = Child("trainer", [
             sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "--no-python", *grpo, "trainer", "--spec", str(self.spec_path), "--rollout", addresses, "--run-locally"])
+            "--no-python", *grpo, "trainer", "--spec", str(self.spec_path), "--rollout", addresses, "--run-locally",
+            *(["--metrics-port", str(self.trainer_metrics_port)] if metrics else [])])
+        if metrics:
+            self._write_metrics_targets()
+
+    def _write_metrics_targets(self) -> None:
+        """`<run>/metrics-targets.json`: Prometheus file_sd targets of the run's /metrics endpoints."""
+        targets = [{"targets": [f"127.0.0.1:{self.trainer_metrics_port}"], "labels": {"component": "trainer"}}]
+        targets += [{"targets": [f"127.0.0.1:{p}"], "labels": {"component": "rollout", "worker": c.name}}
+                    for c, p in zip(self.rollouts, self.rollout_metrics_ports)]
+        path = self.root / "metrics-targets.json"
+        path.write_text(json.dumps(targets, indent=1) + "\n")
+        log.info("Prometheus metrics: trainer on 127.0.0.1:%d, rollout servers on %s (file_sd targets: %s)",
+                 self.trainer_metrics_port, ", ".join(f"127.0.0.1:{p}" for p in self.rollout_metrics_ports), path)
 
     def _wait_ready(self, timeout: float = 600.0) -> None:
         from grpo_api.proto import rollout_pb2 as pb
@@ -271,8 +295,8 @@ class LocalRun:
             child.stop()
 
 
-def run_job(path: str, overrides: list[str]) -> int:
+def run_job(path: str, overrides: list[str], metrics: bool = False) -> int:
     logging.basicConfig(level=logging.INFO, format="[%(levelname)s] %(message)s")
     job = resolve_builtin(load_job(path, overrides))
     preflight(job)
-    return LocalRun(job).run()
+    return LocalRun(job, metrics=metrics).run()

@@ -13,6 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from grpo_rollout.rewards.pool import ERROR_KINDS
+
 _SECONDS_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 
@@ -43,6 +45,10 @@ class RolloutMetrics:
         self._sync_seconds = histogram("weight_sync_seconds", "Duration of a complete weight update.", ("backend",))
         self._sync_bytes = counter("weight_sync_bytes", "Weight bytes received and loaded.", ("backend",))
         self._sync_rejected = counter("weight_sync_rejected_buckets", "Buckets refused (bad checksum or size) and asked again.")
+        # Series known in advance start at 0 (so rate() is 0, not "no data", until the first one).
+        for kind in ERROR_KINDS:
+            self._l(self._reward_errors, kind=kind)
+        self._l(self._sync_rejected)
 
     def _l(self, metric, **extra):
         return metric.labels(**self._values, **extra)

@@ -46,9 +46,11 @@ class MetricsLogger:
             self._tb = SummaryWriter(local)
         if "prometheus" in self.loggers or metrics_port:
             from prometheus_client import Gauge, start_http_server
+            # A series appears on its first value: a metric this run never computes (perf/mfu
+            # without a known peak FLOP/s, actor/kl_loss without useKLLoss) is absent, not 0.
+            self._labels = {"job": job, "namespace": namespace}
             for key in PROMETHEUS_KEYS:
-                self._gauges[key] = Gauge(prometheus_name(key), f"verl metric {key}", ["job", "namespace"]).labels(
-                    job=job, namespace=namespace)
+                self._gauges[key] = Gauge(prometheus_name(key), f"verl metric {key}", ["job", "namespace"])
             if metrics_port:
                 start_http_server(metrics_port)
 
@@ -66,8 +68,8 @@ class MetricsLogger:
                 self._tb.add_scalar(k, v, step)
             self._tb.flush()
         for k, g in self._gauges.items():
-            if k in metrics:
-                g.set(metrics[k])
+            if k in metrics and metrics[k] is not None:
+                g.labels(**self._labels).set(metrics[k])
 
     def resume_from(self, step: int) -> None:
         """Keep metrics.jsonl lines of steps up to `step` (a resumed run rewrites the rest)."""

@@ -281,6 +281,8 @@ class Trainer:
         # No seed: each server derives one from (rollout.seed, step, shard), so shards of a step
         # draw independent samples and a re-dispatched shard draws the same ones.
         results = self.dispatcher.generate(step, tag, shards, sampling, self.state.policy_version)
+        # Rewards are scored on the rollout servers, shards in parallel: the slowest shard's time.
+        self._reward_seconds = max(res.reply.reward_seconds for res in results)
         return [res.reply.rollout_uri for res in results]
 
     def _read_rollouts(self, uris: list[str]) -> list[batching.Sample]:
@@ -299,7 +301,7 @@ class Trainer:
                          spec.trainer.total_epochs, step, len(rows))
                 uris = self._dispatch(step, "train", epoch, rows, n=spec.rollout.n,
                                       temperature=spec.rollout.temperature)
-                plan = {"uris": uris, "epoch": epoch, "prompts": len(rows)}
+                plan = {"uris": uris, "epoch": epoch, "prompts": len(rows), "reward_s": self._reward_seconds}
             except Exception as exc:  # noqa: BLE001 - tell the other ranks before failing
                 broadcast_json({"error": repr(exc)}, self.device)
                 raise
@@ -307,6 +309,7 @@ class Trainer:
         if "error" in plan:
             raise RuntimeError(f"rank 0 failed: {plan['error']}")
         t["timing_s/rollout"] = time.perf_counter() - t0
+        t["timing_s/reward"] = plan["reward_s"]       # part of the rollout time (scored as generated)
         samples = self._read_rollouts(plan["uris"])
         batching.check_complete(samples, plan["prompts"], spec.rollout.n)
         if self.rank == 0:
