@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from grpo_api.spec import DataSpec
 from grpo_api.storage import Storage
@@ -143,7 +142,3 @@ def prompt_shard_table(rows: list[PromptRow], epoch: int, first_index: int = 0) 
         {"uid": f"{epoch}-{r.index}", "prompt_index": first_index + i, "prompt_ids": r.prompt_ids,
          "data_source": r.data_source, "ground_truth": r.ground_truth, "extra_info": r.extra_info}
         for i, r in enumerate(rows)], schema=PROMPT_SCHEMA)
-
-
-def write_parquet_local(table: pa.Table, path: str) -> None:
-    pq.write_table(table, path)

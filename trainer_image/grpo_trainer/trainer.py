@@ -13,7 +13,7 @@ import logging
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 import pyarrow as pa
@@ -64,7 +64,6 @@ class State:
     last_checkpoint: str | None = None
     validation_score: float | None = None
     reward_mean: float | None = None
-    history: list[float] = field(default_factory=list)
 
 
 def make_weight_sender(sync: WeightSyncSpec, *, token: str, device: torch.device) -> WeightSender:
