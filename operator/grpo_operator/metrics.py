@@ -7,6 +7,11 @@
     grpo_operator_transitions_total{namespace,phase}       jobs entering a phase
 
 The dashboards (charts/grpo-operator/dashboards/operator.json) use exactly these names.
+
+The counters exist at 0 before their first increment (a series that appears only at its first
+increment has no data on the dashboard until then, and `rate`/`increase` miss that increment):
+reconcile errors for every kind in ERROR_KINDS from the start, a job's restarts from the first
+time the operator sees the job (removed again when the job is forgotten, like its phase).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ RECONCILE_ERRORS = "grpo_operator_reconcile_errors_total"
 RESTARTS = "grpo_operator_trainer_restarts_total"
 TRANSITIONS = "grpo_operator_transitions_total"
 METRIC_NAMES = (JOBS, RECONCILE_SECONDS, RECONCILE_ERRORS, RESTARTS, TRANSITIONS)
+ERROR_KINDS = ("transient", "permanent", "bug")   # reconciler.Reconciler._timed's kinds
 
 
 class OperatorMetrics:
@@ -39,6 +45,8 @@ class OperatorMetrics:
         self.reconcile_errors = Counter(
             RECONCILE_ERRORS, "Reconciles that failed, by kind (transient: retried).",
             ["kind"], registry=self.registry)
+        for kind in ERROR_KINDS:
+            self.reconcile_errors.labels(kind=kind)
         self.restarts = Counter(
             RESTARTS, "Trainer Jobs replaced after a failure.",
             ["namespace", "job"], registry=self.registry)
@@ -51,12 +59,18 @@ class OperatorMetrics:
         with self._lock:
             old = self._phases.get((namespace, name))
             self._phases[(namespace, name)] = phase
-        if old is not None and old != phase:
+        if old is None:
+            self.restarts.labels(namespace=namespace, job=name)   # 0 until its first restart
+        elif old != phase:
             self.transitions.labels(namespace=namespace, phase=phase).inc()
 
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:
             self._phases.pop((namespace, name), None)
+        try:
+            self.restarts.remove(namespace, name)
+        except KeyError:
+            pass
 
     def phase_counts(self) -> dict[tuple[str, str], int]:
         with self._lock:

@@ -18,7 +18,6 @@ import ast
 import json
 import os
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -79,7 +78,7 @@ def test_oversize_messages_are_refused_and_the_server_goes_on(tmp_path, tiny_mod
 
 @pytest.mark.s3
 @pytest.mark.integration
-def test_no_secret_in_logs_files_objects_or_metrics(tmp_path, tiny_model, train_data, s3):
+def test_no_secret_in_logs_files_objects_or_metrics(tmp_path, tiny_model, train_data, s3, monkeypatch):
     """`grpo run` on S3 storage, with the S3 secret key and an RPC token in its environment set
     to recognisable values. The launcher gives its processes a fresh token of its own: that one
     is read from a rollout server's environment during the run. Neither value may appear in the
@@ -95,16 +94,11 @@ def test_no_secret_in_logs_files_objects_or_metrics(tmp_path, tiny_model, train_
     doc["spec"]["storage"] = {"uri": f"s3://{S3Process.BUCKET}/runs", "endpoint": s3.endpoint, "secretRef": "s3-creds"}
     job.write_text(yaml.safe_dump(doc, sort_keys=False))
     given_token = "grpo-token-GIVEN-a1b2c3d4e5"
-    env = {**s3.env(), "GRPO_RPC_TOKEN": given_token}
+    for key, value in {**s3.env(), "GRPO_RPC_TOKEN": given_token}.items():
+        monkeypatch.setenv(key, value)                     # LauncherRun passes the environment on
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)             # LauncherRun passes the environment on
-    try:
-        run = LauncherRun(job, cwd, tmp_path / "cache", [])
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    run = LauncherRun(job, cwd, tmp_path / "cache", [])
     try:
         server_pid = wait_until(lambda: next((p for p in descendants(run.proc.pid)
                                               if "rollout" in cmdline(p) and "--spec" in cmdline(p)), None), 120,
@@ -118,10 +112,9 @@ def test_no_secret_in_logs_files_objects_or_metrics(tmp_path, tiny_model, train_
         ready = next(ln for ln in (local_root / "logs" / "rollout-0.log").read_text().splitlines()
                      if ln.startswith(READY_PREFIX))
         port = json.loads(ready[len(READY_PREFIX):])["metrics_port"]
-        hold.release()
-        time.sleep(1.0)                                    # step 2 counted in the metrics
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-            metrics = r.read()
+            metrics = r.read()                             # step 1 counted, step 2 in flight
+        hold.release()
         code = run.wait(300)
     finally:
         hold.release()

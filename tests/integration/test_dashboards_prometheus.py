@@ -18,28 +18,27 @@ The run is set up so that every panel has something to show:
 - trainer.testFreq / saveFreq = 5: val/score and timing_s/checkpoint exist once step 5 is done.
 No query is exempt (EXCEPTIONS below is empty); add one only with its reason.
 
-The operator dashboard is not covered here: its series come from `grpo operator` under a cluster.
+The operator dashboard is covered by tests/operator/test_operator_dashboard.py (its series come
+from `grpo operator` under the control plane); the Prometheus helpers are in tests/prometheus_helpers.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from integration_helpers import QUICKSTART, REPO, alive, child_env, descendants, grpo_cli, wait_until
+import prometheus_helpers
+from integration_helpers import QUICKSTART, alive, child_env, descendants, grpo_cli, wait_until
+from prometheus_helpers import Prometheus, panel_queries, variable_queries
 
 pytestmark = pytest.mark.integration
 
-DASHBOARDS = REPO / "charts" / "grpo-operator" / "dashboards"
 RUN_DIR = Path("outputs") / "quickstart" / "tiny_qwen3_grpo"
 JOB, NAMESPACE = "quickstart", "default"      # quickstart.yaml's metadata.name; the launcher's namespace
 TOTAL_STEPS = 200                             # not reached: the test stops the run (Ctrl-C) once it has queried
@@ -54,99 +53,8 @@ VARIABLES = {"namespace": NAMESPACE, "job": JOB, "__rate_interval": "30s", "__in
 EXCEPTIONS: dict[str, str] = {}
 
 
-def _prometheus() -> str:
-    exe = shutil.which("prometheus")
-    if exe is None:
-        msg = "prometheus not installed (scripts/test.sh installs Debian's package)"
-        if os.environ.get("GRPO_REQUIRE_PROMETHEUS") == "1":
-            pytest.fail(msg + " and GRPO_REQUIRE_PROMETHEUS=1")
-        pytest.skip(msg)
-    return exe
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def substitute(expr: str) -> str:
-    for name in sorted(VARIABLES, key=len, reverse=True):   # $__range_s before $__range
-        expr = expr.replace("${" + name + "}", VARIABLES[name]).replace("$" + name, VARIABLES[name])
-    assert "$" not in expr, f"unsubstituted variable in {expr!r}"
-    return expr
-
-
-def panel_queries(dashboard: str) -> list[tuple[str, str]]:
-    """(panel title, expression) of every target of every panel (rows' nested panels included)."""
-    doc = json.loads((DASHBOARDS / f"{dashboard}.json").read_text())
-    out, panels = [], list(doc["panels"])
-    while panels:
-        p = panels.pop(0)
-        panels += p.get("panels", [])
-        out += [(p.get("title", ""), t["expr"]) for t in p.get("targets", []) if t.get("expr")]
-    return out
-
-
-def variable_queries(dashboard: str) -> list[tuple[str, str, str]]:
-    """(variable, label, series selector) of each `label_values(selector, label)` variable."""
-    doc = json.loads((DASHBOARDS / f"{dashboard}.json").read_text())
-    out = []
-    for v in doc.get("templating", {}).get("list", []):
-        q = v.get("query")
-        q = q.get("query") if isinstance(q, dict) else q
-        if isinstance(q, str) and q.startswith("label_values("):
-            selector, _, label = q[len("label_values("):-1].rpartition(",")
-            out.append((v["name"], label.strip(), selector.strip()))
-    return out
-
-
-class Prometheus:
-    def __init__(self, exe: str, workdir: Path, targets: Path):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = workdir / "prometheus.yml"
-        config.write_text(json.dumps({     # JSON is YAML
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": "grpo-local", "honor_labels": True,
-                                "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}],
-        }))
-        self.log_path = workdir / "prometheus.log"
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            [exe, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_until(self._ready, 60, 0.5, "prometheus ready")
-
-    def _ready(self) -> bool:
-        assert self.proc.poll() is None, f"prometheus exited: {self.log_path.read_text()[-3000:]}"
-        try:
-            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def api(self, path: str, **params) -> dict:
-        url = f"{self.url}/api/v1/{path}?" + urllib.parse.urlencode(params, doseq=True)
-        with urllib.request.urlopen(url, timeout=10) as r:
-            body = json.loads(r.read())
-        assert body["status"] == "success", body
-        return body["data"]
-
-    def query(self, expr: str) -> list[dict]:
-        return self.api("query", query=expr)["result"]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+    return prometheus_helpers.substitute(expr, VARIABLES)
 
 
 class MetricsRun:
@@ -184,7 +92,7 @@ class MetricsRun:
 
 
 def test_every_training_and_rollout_dashboard_query_returns_data(tmp_path):
-    exe = _prometheus()
+    exe = prometheus_helpers.require_prometheus()
     t0 = time.monotonic()
     run = MetricsRun(tmp_path)
     prom = None
