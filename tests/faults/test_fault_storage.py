@@ -172,6 +172,9 @@ def test_a_read_during_overwrites_returns_one_whole_version(backend, tmp_path, r
         while not stop.is_set():
             version += 1
             storage.write_bytes(uri, bytes([version % 251]) * sizes[version % len(sizes)])
+            # A breath between replacements: back-to-back writes of other sizes on a loaded
+            # machine can outlast the reader's retries (each stat sees yet another version).
+            stop.wait(0.05)
     writer = threading.Thread(target=overwrite, daemon=True)
     writer.start()
     try:
