@@ -59,16 +59,10 @@ def write_quickstart_dataset(out_dir: str | Path, n_train: int = 2048, n_val: in
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    # Explicit schema, field for field as verl's preprocessing writes it (struct fields in its
-    # dict order), so a verl user's reader sees the same types.
-    schema = pa.schema([
-        ("data_source", pa.string()),
-        ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
-        ("ability", pa.string()),
-        ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
-        ("extra_info", pa.struct([("split", pa.string()), ("index", pa.int64()),
-                                  ("answer", pa.string()), ("question", pa.string())])),
-    ])
+    # The GSM8K layout, field for field as verl's preprocessing writes it: the quickstart is
+    # scored by the GSM8K rule, and a verl user's reader sees the same types.
+    from grpo_rollout.gsm8k_data import SCHEMA as schema
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
