@@ -136,7 +136,7 @@ class RolloutWorker:
         reward_seconds = time.monotonic() - started
         self.metrics.rewarded(reward_seconds, errors)
 
-        table = rollout_table(prompts, scored, policy_version=version, worker=job.shard or self.worker_id)
+        table = rollout_table(prompts, scored, policy_version=version, worker=self.worker_id)
         self.storage.write_table(job.output_uri, table)
         log.info("request %s: %d prompts x %d samples, %d tokens in %.2fs, rewards in %.2fs -> %s",
                  job.request_id, len(prompts), params.n, tokens, generate_seconds, reward_seconds, job.output_uri)

@@ -76,7 +76,7 @@ def test_generate_writes_one_scored_rollout_shard(server, tmp_path, tokenizer):
         # The reward is verl's GSM8K rule on the decoded response.
         text = tokenizer.decode(r["response_ids"], skip_special_tokens=True)
         assert r["reward"] == gsm8k_score(text, r["ground_truth"])
-        assert r["policy_version"] == 0 and r["worker"] == "s0" and r["data_source"] == "openai/gsm8k"
+        assert r["policy_version"] == 0 and r["worker"] == "w0" and r["data_source"] == "openai/gsm8k"
     # Same request, same seed: the same samples.
     _, again = _generate(server, tmp_path, [
         {"prompt_ids": prompts[0], "ground_truth": "7"}, {"prompt_ids": prompts[1], "ground_truth": "3"}])
