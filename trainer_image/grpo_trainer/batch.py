@@ -40,6 +40,15 @@ def samples_from_table(table: pa.Table) -> list[Sample]:
     return sorted(samples, key=lambda s: (s.prompt_index, s.sample_index))
 
 
+def keep_prompts(samples: list[Sample], keep: list[int]) -> list[Sample]:
+    """The samples of the kept prompts (dynamic sampling), their prompts renumbered 0..len-1."""
+    new_index = {p: i for i, p in enumerate(sorted(keep))}
+    kept = [s for s in samples if s.prompt_index in new_index]
+    for s in kept:
+        s.prompt_index = new_index[s.prompt_index]
+    return sorted(kept, key=lambda s: (s.prompt_index, s.sample_index))
+
+
 def check_complete(samples: list[Sample], num_prompts: int, n: int) -> None:
     """Every prompt of the step has exactly n samples: nothing missing, nothing duplicated."""
     seen = {(s.prompt_index, s.sample_index) for s in samples}

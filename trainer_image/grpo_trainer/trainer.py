@@ -36,6 +36,8 @@ from grpo_trainer.weight_sync import CollectiveWeightSender, GrpcWeightSender, W
 log = logging.getLogger("grpo.trainer")
 
 # Dense bf16 peak FLOP/s for the MFU estimate; GRPO_PEAK_FLOPS overrides.
+# DAPO dynamic sampling: generation rounds per step before topping up (verl: max_num_gen_batches).
+MAX_GENERATION_ROUNDS = 10
 _PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}
 
 
@@ -264,13 +266,13 @@ class Trainer:
         return epoch, [self.train_rows.rows[i] for i in indices]
 
     def _dispatch(self, step: int, tag: str, epoch: int, rows: list[PromptRow], *, n: int,
-                  temperature: float) -> list[str]:
+                  temperature: float, first_index: int = 0) -> list[str]:
         """Rank 0: prompt shards out, rollout shard URIs back (one shard per worker)."""
         workers = self.dispatcher.workers()
         per = -(-len(rows) // len(workers))
         shards = {}
         for k in range(0, len(rows), per):
-            table = prompt_shard_table(rows[k:k + per], epoch, first_index=k)
+            table = prompt_shard_table(rows[k:k + per], epoch, first_index=first_index + k)
             sink = io.BytesIO()
             pq.write_table(table, sink)
             shards[f"{tag}-shard-{k // per:03d}"] = sink.getvalue()
@@ -301,6 +303,8 @@ class Trainer:
                 uris = self._dispatch(step, "train", epoch, rows, n=spec.rollout.n,
                                       temperature=spec.rollout.temperature)
                 plan = {"uris": uris, "epoch": epoch, "prompts": len(rows), "reward_s": self._reward_seconds}
+                if spec.algorithm.filter_groups:
+                    plan.update(self._informative_groups(step, uris, len(rows)))
             except Exception as exc:  # noqa: BLE001 - tell the other ranks before failing
                 broadcast_json({"error": repr(exc)}, self.device)
                 raise
@@ -310,7 +314,9 @@ class Trainer:
         t["timing_s/rollout"] = time.perf_counter() - t0
         t["timing_s/reward"] = plan["reward_s"]       # part of the rollout time (scored as generated)
         samples = self._read_rollouts(plan["uris"])
-        batching.check_complete(samples, plan["prompts"], spec.rollout.n)
+        if "keep" in plan:
+            samples = batching.keep_prompts(samples, plan["keep"])
+        batching.check_complete(samples, spec.data.train_batch_size, spec.rollout.n)
         if self.rank == 0:
             log.info("Got %d responses (%d×%d), computing rewards...", len(samples), plan["prompts"], spec.rollout.n)
             log.info("Computing group-relative advantages...")
@@ -340,6 +346,32 @@ class Trainer:
         t["timing_s/weight_sync"] = self._publish_weights()
         t["timing_s/step"] = time.perf_counter() - t0
         return {**self._step_metrics(samples, advantages, plan, result, t), **result.metrics, **t}
+
+    def _informative_groups(self, step: int, uris: list[str], generated: int) -> dict:
+        """DAPO dynamic sampling (rank 0): drop groups whose rewards are all equal (their GRPO
+        advantage is 0) and generate more prompts until trainBatchSize informative groups are
+        found, at most MAX_GENERATION_ROUNDS rounds; then top up with uninformative ones."""
+        spec, batch = self.spec, self.spec.data.train_batch_size
+        informative, other = [], []
+        for round_ in range(MAX_GENERATION_ROUNDS):
+            if round_:
+                epoch, rows = self._sample_batch()
+                uris = uris + self._dispatch(step, f"train-r{round_}", epoch, rows, n=spec.rollout.n,
+                                             temperature=spec.rollout.temperature, first_index=generated)
+                generated += len(rows)
+            rewards: dict[int, set[float]] = {}
+            for s in self._read_rollouts(uris):
+                rewards.setdefault(s.prompt_index, set()).add(s.reward)
+            informative = sorted(p for p, r in rewards.items() if len(r) > 1)
+            other = sorted(p for p, r in rewards.items() if len(r) == 1)
+            if len(informative) >= batch:
+                break
+        if len(informative) < batch:
+            log.warning("Dynamic sampling: %d informative groups after %d rounds; topping up with groups "
+                        "whose rewards are all equal", len(informative), MAX_GENERATION_ROUNDS)
+        keep = sorted((informative + other)[:batch])
+        self._filtered_groups = generated - len(informative)
+        return {"uris": uris, "keep": keep, "prompts": generated}
 
     def _micro_batches(self, samples, advantages) -> list[list[batching.MicroBatch]]:
         spec, n = self.spec, self.spec.rollout.n
@@ -373,6 +405,8 @@ class Trainer:
         }
         if self.dispatcher is not None:
             m["rollout/redispatched_shards"] = self.dispatcher.redispatched
+        if self.spec.algorithm.filter_groups and self.rank == 0:
+            m["rollout/filtered_groups"] = self._filtered_groups
         peak = self._peak_flops()
         if peak:
             train_time = t["timing_s/update_actor"] + t["timing_s/ref"] + t["timing_s/old_log_prob"]
