@@ -317,8 +317,8 @@ RULES: tuple[Rule, ...] = (
     Ignore("algorithm.lam", "GAE's lambda; no GAE here"),
     Refuse("algorithm.use_pf_ppo", "preference-feedback PPO reweighting is not supported", ok=(False,)),
     Ignore("algorithm.pf_ppo.*", "only used with use_pf_ppo, which is off"),
-    Ignore("algorithm.rollout_correction.*", "rollout importance-sampling correction is built in for stale "
-           "rollouts (rollout.maxStaleness)"),
+    Ignore("algorithm.rollout_correction.*", "rollouts are synchronous here (rollout.maxStaleness is 0), so "
+           "there is no staleness to correct"),
     # data
     Map("data.train_files", "data.trainFiles", "a path or a list; local paths become file:// URIs", _files),
     Map("data.val_files", "data.valFiles", "as train_files", _files),

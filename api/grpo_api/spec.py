@@ -171,8 +171,9 @@ class RolloutSpec(_Model):
     """vLLM scheduler token budget (verl: rollout.max_num_batched_tokens)."""
     enforce_eager: bool = False
     """Disable CUDA graphs in vLLM (verl: rollout.enforce_eager)."""
-    max_staleness: int = Field(default=0, ge=0)
-    """Policy versions a rollout may lag behind training (0 = fully synchronous)."""
+    max_staleness: int = Field(default=0, ge=0, le=0)
+    """Policy versions a rollout may lag behind training. Only 0 (fully synchronous) in this
+    release: overlapping rollout t+1 with training t is planned, not built."""
     request_timeout_seconds: float = Field(default=900.0, gt=0)
     """A Generate call that takes longer is abandoned and its shard re-dispatched."""
     seed: int = 0

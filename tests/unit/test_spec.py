@@ -48,6 +48,7 @@ def test_defaults_follow_verl():
 # (changes to BASE, the field named, part of the reason): also what tests/faults feeds to
 # `grpo validate` and to the API server through the CRD.
 INVALID_SPECS = [
+    ({"rollout.maxStaleness": 1}, "spec.rollout.maxStaleness", "less than or equal to 0"),
     ({"data.trainBatchSize": -3}, "spec.data.trainBatchSize", "greater than or equal to 1"),
     ({"data.trainBatchSize": "many"}, "spec.data.trainBatchSize", "valid integer"),
     ({"data.trainFiles": []}, "spec.data.trainFiles", "at least 1"),
