@@ -353,14 +353,16 @@ class Trainer:
         found, at most MAX_GENERATION_ROUNDS rounds; then top up with uninformative ones."""
         spec, batch = self.spec, self.spec.data.train_batch_size
         informative, other = [], []
+        rewards: dict[int, set[float]] = {}
+        new_uris = uris
         for round_ in range(MAX_GENERATION_ROUNDS):
             if round_:
                 epoch, rows = self._sample_batch()
-                uris = uris + self._dispatch(step, f"train-r{round_}", epoch, rows, n=spec.rollout.n,
-                                             temperature=spec.rollout.temperature, first_index=generated)
+                new_uris = self._dispatch(step, f"train-r{round_}", epoch, rows, n=spec.rollout.n,
+                                          temperature=spec.rollout.temperature, first_index=generated)
+                uris = uris + new_uris
                 generated += len(rows)
-            rewards: dict[int, set[float]] = {}
-            for s in self._read_rollouts(uris):
+            for s in self._read_rollouts(new_uris):     # only this round's shards
                 rewards.setdefault(s.prompt_index, set()).add(s.reward)
             informative = sorted(p for p, r in rewards.items() if len(r) > 1)
             other = sorted(p for p, r in rewards.items() if len(r) == 1)
