@@ -243,15 +243,6 @@ def init_dist(dev) -> None:
                            rank=0, world_size=1)
 
 
-def compile_layers(model) -> None:
-    """Regional torch.compile (an experiment, not in grpo_trainer): each decoder layer's forward,
-    inside the FSDP2 hooks and the checkpoint wrapper; the layers share one compiled graph."""
-    import torch
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
-    for layer in model.model.layers:
-        layer.forward = torch.compile(layer.forward)
-
-
 def cmd_train(args) -> None:
     import torch
     from transformers import AutoConfig
@@ -269,12 +260,9 @@ def cmd_train(args) -> None:
     peak = matmul_rate(dev)
     log(f"matmul peak {peak / 1e12:.0f} TFLOP/s")
     t0 = time.perf_counter()
-    model = build_policy(spec.model, dev)
-    ref = build_reference(spec.model, dev, cpu_offload=False)
+    model = build_policy(spec.model, dev, compile=args.compile)
+    ref = build_reference(spec.model, dev, cpu_offload=False, compile=args.compile)
     opt, sched = build_optimizer(model, spec.trainer, total_steps=1000)
-    if args.compile:
-        compile_layers(model)
-        compile_layers(ref)
     log(f"policy + reference built in {time.perf_counter() - t0:.1f}s")
     samples = synthetic_samples(w, config.vocab_size)
     adv = batching.advantages_per_sample(samples, "grpo", norm_adv_by_std=True, gamma=1.0)
@@ -383,9 +371,12 @@ def cmd_gen(args) -> None:
 
 # --- rollout server subprocess -----------------------------------------------------------------------
 
-def start_rollout_server(args, job_path: str, token: str, log_path: Path):
-    """`grpo rollout` (via its module: the package may not be installed) on a free port."""
+def start_rollout_server(args, job_path: str, token: str, log_path: Path, gpu: int | None = None):
+    """`grpo rollout` (via its module: the package may not be installed) on a free port; on GPU
+    `gpu` alone when given (CUDA_VISIBLE_DEVICES, as a pod of its own sees it)."""
     env = {**os.environ, "GRPO_RPC_TOKEN": token, "PYTHONUNBUFFERED": "1"}
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     code = "import sys; from grpo_rollout.serve import main; sys.exit(main(sys.argv[1:]))"
     argv = [sys.executable, "-c", code, "--spec", job_path, "--port", "0", "--metrics-port", "-1",
             "--worker-id", "bench-rollout", "--device", "cuda" if not args.tiny else "cpu"]
@@ -556,25 +547,32 @@ def cmd_step(args) -> None:
 
     import torch
     import torch.distributed as dist
+    import yaml
 
     from grpo_trainer.trainer import Trainer
     dev = device()
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    job_path = str(Path(args.workdir) / "job.yaml")
+    overrides = {"spec.trainer.maxTokensPerGPU": args.max_tokens[0], "spec.rollout.engine": args.engine,
+                 "spec.weightSync.backend": args.weight_sync, "spec.trainer.useTorchCompile": not args.no_compile,
+                 "spec.rollout.maxStaleness": args.max_staleness}
+    if args.engine == "vllm":
+        overrides["spec.rollout.gpuMemoryUtilization"] = args.gpu_memory_utilization
+    job = load_bench_job(args, **overrides)
+    job_path = str(Path(args.workdir) / f"job-step-{args.engine}.yaml")
+    Path(job_path).write_text(yaml.safe_dump(job.model_dump(mode="json", by_alias=True, exclude_none=True)))
     token = secrets.token_hex(16)
     os.environ["GRPO_RPC_TOKEN"] = token
-    log_path = Path(args.log_dir) / "step-rollout-server.log"
+    log_path = Path(args.log_dir) / f"step-rollout-server-{args.engine}.log"
     t = time.perf_counter()
-    proc, address = start_rollout_server(args, job_path, token, log_path)
+    proc, address = start_rollout_server(args, job_path, token, log_path, gpu=args.rollout_gpu)
     log(f"rollout server at {address} ready in {time.perf_counter() - t:.1f}s")
     try:
         init_dist(dev)
-        job = load_bench_job(args, **{"spec.trainer.maxTokensPerGPU": args.max_tokens[0]})
         t = time.perf_counter()
         trainer = Trainer(job, rollout_addresses=address, token=token, local=True)
         log(f"trainer built in {time.perf_counter() - t:.1f}s")
-        replies, sends = [], []
+        replies = []
         generate = trainer.dispatcher.generate
 
         def generate_and_keep(*a, **k):
@@ -582,14 +580,6 @@ def cmd_step(args) -> None:
             replies.append([r.reply for r in results])
             return results
         trainer.dispatcher.generate = generate_and_keep
-        send = trainer.sender.send
-
-        def send_and_keep(*a, **k):
-            t = time.perf_counter()
-            report = send(*a, **k)
-            sends.append({"send_s": time.perf_counter() - t, "gbytes": report.nbytes / 1e9})
-            return report
-        trainer.sender.send = send_and_keep
         rows = []
         for step in range(1, args.steps + args.warmup + 1):
             trainer.state.step = step
@@ -597,17 +587,20 @@ def cmd_step(args) -> None:
             reply = replies[-1][0]
             row = {k: m[k] for k in m if k.startswith("timing_s/")}
             row.update({"generate_s": reply.generate_seconds, "reward_s": reply.reward_seconds,
-                        "generated_tokens": reply.generated_tokens, **sends[-1],
+                        "generated_tokens": reply.generated_tokens, "gbytes": trainer.publisher.layout.nbytes / 1e9,
                         "response_length_mean": m["response_length/mean"], "kl_loss": m.get("actor/kl_loss"),
                         "mfu_trainer_estimate": m.get("perf/mfu")})
-            row["gather_s"] = row["timing_s/weight_sync"] - row["send_s"]
             rows.append(row)
             emit(args, "step_row", step=step, warmup=step <= args.warmup, **row)   # kept if a later step times out
             log(f"step {step}: " + ", ".join(f"{k.removeprefix('timing_s/')}={v:.2f}" for k, v in row.items()
                                               if isinstance(v, float)))
         timed = rows[args.warmup:]
         summary = {k: median([r[k] for r in timed]) for k in timed[0] if isinstance(timed[0][k], (int, float))}
-        emit(args, "step", steps=rows, warmup=args.warmup, max_tokens_per_gpu=args.max_tokens[0],
+        emit(args, "step", engine=args.engine, weight_sync=args.weight_sync, compiled=not args.no_compile,
+             max_staleness=args.max_staleness, rollout_gpu=args.rollout_gpu,
+             weight_path="cuda_ipc" if trainer.publisher._colocated and all(trainer.publisher._colocated.values())
+             else args.weight_sync,
+             steps=rows, warmup=args.warmup, max_tokens_per_gpu=args.max_tokens[0],
              **{f"median_{k.removeprefix('timing_s/')}": v for k, v in summary.items()},
              max_mem_gb_trainer=torch.cuda.max_memory_allocated(dev) / 1e9 if dev.type == "cuda" else None)
         dist.destroy_process_group()
@@ -617,6 +610,15 @@ def cmd_step(args) -> None:
 
 
 # --- TRL -----------------------------------------------------------------------------------------
+
+def trl_generation(args, w) -> dict:
+    """TRL's generation settings: HF generate, or (--vllm) vLLM colocated in TRL's process, as
+    bench/RESULTS.md's 24.0 s peer ran it (sleep mode off, 30 % of the GPU for vLLM)."""
+    if not args.vllm:
+        return dict(use_vllm=False, generation_kwargs={"min_new_tokens": w["response_len"]})
+    return dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3, vllm_enable_sleep_mode=False,
+                generation_kwargs={"min_tokens": w["response_len"]})
+
 
 def cmd_trl(args) -> None:
     """TRL's GRPOTrainer as issue 14 configures it: no vLLM, per-device batch 16, grad accumulation
@@ -657,9 +659,8 @@ def cmd_trl(args) -> None:
                      gradient_accumulation_steps=accum, num_generations=w["n"],
                      max_completion_length=w["response_len"], beta=0.001, bf16=cuda, use_cpu=not cuda,
                      gradient_checkpointing=True, learning_rate=1e-6, max_steps=args.steps + args.warmup,
-                     logging_steps=1, save_strategy="no", report_to=[], use_vllm=False,
-                     generation_kwargs={"min_new_tokens": w["response_len"]}, seed=0,
-                     dataloader_num_workers=0)
+                     logging_steps=1, save_strategy="no", report_to=[], seed=0, dataloader_num_workers=0,
+                     **trl_generation(args, w))
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=ds, processing_class=tok,
                           callbacks=[Timer()])
@@ -668,7 +669,7 @@ def cmd_trl(args) -> None:
     total = time.perf_counter() - t
     timed = times[args.warmup:]
     hist = [h for h in trainer.state.log_history if "completions/mean_length" in h]
-    emit(args, "trl", steps_s=times, warmup=args.warmup, median_step_s=median(timed), total_train_s=total,
+    emit(args, "trl", vllm=args.vllm, steps_s=times, warmup=args.warmup, median_step_s=median(timed), total_train_s=total,
          completion_mean_length=[h.get("completions/mean_length") for h in hist],
          per_device_train_batch_size=per_device, gradient_accumulation_steps=accum)
 
@@ -689,7 +690,16 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", type=int, default=None, help="gen: prompts (x n sequences)")
     p.add_argument("--gen-tokens", dest="max_tokens_gen", type=int, default=None)
     p.add_argument("--sync-variants", type=lambda s: s.split(","), default=["fp32", "bf16-dedup"])
-    p.add_argument("--compile", action="store_true", help="train: torch.compile each decoder layer (experiment)")
+    p.add_argument("--compile", action="store_true", help="train: torch.compile each decoder layer")
+    p.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="step: the rollout engine")
+    p.add_argument("--weight-sync", default="nccl", choices=["nccl", "grpc"],
+                   help="step: spec.weightSync.backend (nccl: cuda_ipc when co-located)")
+    p.add_argument("--no-compile", action="store_true", help="step: trainer.useTorchCompile false")
+    p.add_argument("--max-staleness", type=int, default=0, help="step: rollout.maxStaleness (1: overlap)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.35, help="step: vLLM's share of the GPU")
+    p.add_argument("--rollout-gpu", type=int, default=None,
+                   help="step: the rollout server on this GPU alone (disaggregated); default: the trainer's")
+    p.add_argument("--vllm", action="store_true", help="trl: vLLM colocated (use_vllm, vllm_mode colocate)")
     args = p.parse_args(argv)
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     Path(args.log_dir).mkdir(parents=True, exist_ok=True)

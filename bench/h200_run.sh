@@ -8,7 +8,9 @@
 #   bash bench/h200_run.sh build train step    # some phases (build first: the others need it)
 #   TINY=1 bash bench/h200_run.sh              # CPU check at tiny sizes
 #
-# Env: OUT (default /tmp/grpo-bench-out), DEADLINE_S (default 570), BENCH_ARGS_<phase>.
+# Env: OUT (default /tmp/grpo-bench-out), DEADLINE_S (default 570), BENCH_ARGS_<phase>,
+# VLLM_SITE (a folder holding vLLM 0.26 and its small dependencies, bench/RESULTS.md says how it
+# is carried; put first on PYTHONPATH when it exists).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/grpo-bench-out}
@@ -27,12 +29,20 @@ if [ -d .whl ] && [ -z "${TINY:-}" ]; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH="/tmp/site:$PYTHONPATH" || echo "wheel install failed"
 fi
+VLLM_SITE=${VLLM_SITE:-$HOME/site}
+if [ -d "$VLLM_SITE/vllm" ]; then
+  # No FlashInfer in the carried site: vLLM 0.26's sampler must not try it (TRL's in-process
+  # engine needs this too; grpo_rollout's adapter sets it itself).
+  export PYTHONPATH="$VLLM_SITE:$PYTHONPATH" HF_HUB_OFFLINE=1 VLLM_USE_FLASHINFER_SAMPLER=0
+fi
+# NVLink multicast stays off on shared hosts (KINDS.md).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 echo "=== env $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv 2>/dev/null
 $PY - <<'EOF'
 import importlib, sys
 print("python", sys.version.split()[0])
-for m in ("torch", "transformers", "grpc", "google.protobuf", "pydantic", "pyarrow", "pebble", "trl", "datasets", "accelerate"):
+for m in ("torch", "transformers", "grpc", "google.protobuf", "pydantic", "pyarrow", "pebble", "trl", "datasets", "accelerate", "vllm"):
     try:
         mod = importlib.import_module(m)
         print(m, getattr(mod, "__version__", "?"))
@@ -47,12 +57,12 @@ phase_timeout() {  # the phase's own limit, cut to what the deadline leaves
 }
 
 run() {  # run NAME LIMIT_S MIN_S ARGS...: skipped when the deadline leaves less than MIN_S
-  local name=$1 limit=$2 min=$3; shift 3
+  local name=$1 limit=$2 min=$3 script=${SCRIPT:-bench/h200_bench.py}; shift 3
   local t; t=$(phase_timeout "$limit")
   if (( t < min )); then echo "=== SKIP $name: the deadline leaves ${t}s (< ${min}s)"; return; fi
   echo "=== $name (timeout ${t}s): $*"
   local s=$(date +%s)
-  timeout -k 15 "$t" $PY bench/h200_bench.py "$@" $TINY_FLAG --workdir "$W" --results "$OUT/results.jsonl" \
+  timeout -k 15 "$t" $PY "$script" "$@" $TINY_FLAG --workdir "$W" --results "$OUT/results.jsonl" \
     --log-dir "$OUT" 2>&1 | grep --line-buffered -v -E 'it/s\]|s/it\]|Loading weights|Writing model shards'
   echo "=== $name rc=$? in $(( $(date +%s) - s ))s (elapsed $(( $(date +%s) - START ))s)"
 }
@@ -68,6 +78,19 @@ for phase in $PHASES; do
     gen-baseline) run gen-baseline 90 40 gen --variant baseline --prompts 8 --gen-tokens 128 $extra ;;
     gen)          run gen 110 50 gen --variant current --reps 2 $extra ;;
     step)         run step 260 120 step --max-tokens 24576 --warmup 1 --steps 2 $extra ;;
+    step-vllm)    run step-vllm 330 150 step --engine vllm --max-tokens 24576 --warmup 2 --steps 2 $extra ;;
+    step-async)   run step-async 330 150 step --engine vllm --max-staleness 1 --max-tokens 24576 --warmup 2 --steps 2 $extra ;;
+    vllm-check)   SCRIPT=bench/vllm_check.py run vllm-check 330 150 $extra ;;
+    trl-vllm)     run trl-vllm 280 150 trl --vllm --warmup 1 --steps 2 $extra ;;
+    # Issue 20, two GPUs (bench/x2_bench.py): the link, the nccl weight path and its abort, FSDP2
+    # on 2 ranks, and the step with the rollout server on GPU 1 (disaggregated).
+    link)         SCRIPT=bench/x2_bench.py run link 120 30 link $extra ;;
+    x2-sync)      SCRIPT=bench/x2_bench.py run x2-sync 300 60 sync $extra ;;
+    x2-train)     SCRIPT=bench/x2_bench.py run x2-train 420 100 train --max-tokens 24576 --steps 4 $extra ;;
+    step-disagg)  run step-disagg 300 150 step --engine vllm --rollout-gpu 1 --gpu-memory-utilization 0.85 \
+                    --max-tokens 24576 --warmup 2 --steps 2 $extra ;;
+    step-disagg-async) run step-disagg-async 300 150 step --engine vllm --rollout-gpu 1 --gpu-memory-utilization 0.85 \
+                    --max-staleness 1 --max-tokens 24576 --warmup 2 --steps 2 $extra ;;
     sync)         run sync 150 60 sync --sync-variants fp32,bf16-dedup --reps 1 $extra ;;
     storage)      run storage 60 20 storage --reps 5 $extra ;;
     trl)          run trl 200 95 trl --warmup 1 --steps 1 $extra ;;
@@ -96,9 +119,15 @@ for r in rows:
     elif b == "storage":
         print(f"storage: total {r['median_total_s']:.3f}s shard {r['median_rollout_shard_mb']:.1f}MB")
     elif b == "trl":
-        print(f"trl: steps {[round(x, 2) for x in r['steps_s']]} median {r['median_step_s']}")
+        print(f"trl (vllm={r.get('vllm')}): steps {[round(x, 2) for x in r['steps_s']]} median {r['median_step_s']}")
     elif b == "sync_cpu_costs":
         print(f"sync cpu/512MB bucket: pack {r['pack_s']:.2f} tobytes {r['tobytes_s']:.2f} sha {r['sha256_s']:.2f}s")
     else:
-        print(json.dumps(r)[:300])
+        print(json.dumps(r)[:400])
+steps = {f"{r.get('engine', 'hf')}, maxStaleness {r.get('max_staleness', 0)}": r["median_step"]
+         for r in rows if r["bench"] == "step" and "median_step" in r}
+trl = {bool(r.get("vllm")): r["median_step_s"] for r in rows if r["bench"] == "trl"}
+for engine, ours in steps.items():
+    for vllm, theirs in trl.items():
+        print(f"RATIO ours ({engine}) / TRL (vllm={vllm}): {ours:.2f}s / {theirs:.2f}s = {ours / theirs:.2f}")
 EOF

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes control plane used by tests/controlplane from Go modules:
 # kube-apiserver and kube-controller-manager (tests/controlplane/k8s), etcd
-# (tests/controlplane/etcd) and helm, into ${GRPO_CACHE:-~/.cache/grpo-operator}/bin.
+# (tests/controlplane/etcd) and helm, into ${GRPO_CACHE:-~/.cache/grpo-operator}/bin; and the
+# node of tests/e2e: kubelet and kube-scheduler (same wrapper module) and CoreDNS.
 # A stamp (hash of the wrapper go.mod/go.sum files and this script) makes a re-run a no-op
 # until a pin changes; --force rebuilds anyway. Builds run one after another: each `go build`
 # already uses every core, and the machines this runs on are small.
@@ -13,10 +14,11 @@ cp=$repo/tests/controlplane
 
 K8S_VERSION=v1.37.2        # must match tests/controlplane/k8s/go.mod
 HELM_VERSION=v3.22.0
+COREDNS_VERSION=v1.14.7    # tests/e2e's cluster DNS (headless Services)
 
 stamp_inputs=("$cp/k8s/go.mod" "$cp/k8s/go.sum" "$cp/etcd/go.mod" "$cp/etcd/go.sum" "$0")
 stamp=$(cat "${stamp_inputs[@]}" | sha256sum | cut -d' ' -f1)
-binaries=(etcd kube-apiserver kube-controller-manager helm)
+binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet helm coredns)
 
 all_present() { for b in "${binaries[@]}"; do [ -x "$bin/$b" ] || return 1; done; }
 if [ "${1:-}" != --force ] && all_present && [ "$(cat "$bin/.controlplane.stamp" 2>/dev/null)" = "$stamp" ]; then
@@ -48,7 +50,7 @@ done
 
 t_all=$SECONDS
 cd "$cp/k8s"
-for cmd in kube-apiserver kube-controller-manager; do
+for cmd in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
   timed "$cmd" go build "${buildflags[@]}" -ldflags "-s -w$ver" -o "$bin/$cmd" "k8s.io/kubernetes/cmd/$cmd"
 done
 cd "$cp/etcd"
@@ -63,6 +65,10 @@ for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
   hv+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=37"
 done
 timed helm env GOFLAGS= GOBIN="$bin" go install "${buildflags[@]}" -ldflags "-s -w $hv" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+
+# coredns' go.mod has no replace directives either.
+timed coredns env GOFLAGS= GOBIN="$bin" go install "${buildflags[@]}" -ldflags "-s -w" \
+  "github.com/coredns/coredns@$COREDNS_VERSION"
 
 echo "$stamp" > "$bin/.controlplane.stamp"
 echo "== control plane built in $((SECONDS - t_all))s into $bin"

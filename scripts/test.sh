@@ -5,10 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=$(./scripts/setup.sh | tail -n 1)
 export PATH="$venv/bin:$PATH"
-# Real Kubernetes control plane and S3 server, built from Go modules (cached; rebuilt on pin change).
+# Real Kubernetes control plane and node (kubelet, scheduler, CoreDNS) and S3 server, built
+# from Go modules (cached; rebuilt on pin change); the node's Debian packages; the project's
+# images for the e2e tests (cached by content).
+./scripts/install-node-packages.sh
 for build in scripts/build-controlplane.sh scripts/build-s3.sh; do
   [ -x "$build" ] && "$build"
 done
+./scripts/build-images.sh >/dev/null
 # Prometheus (Debian's package) evaluates the dashboards' queries; the tests run the binary
 # themselves, so the package's service must not start: a policy-rc.d answering 101 ("no daemons")
 # covers the install where the machine has none (without systemd, invoke-rc.d would start it).
@@ -21,5 +25,5 @@ install_prometheus() {
 }
 command -v prometheus >/dev/null || install_prometheus \
   || echo "warning: could not install prometheus (the dashboard test will fail)" >&2
-export GRPO_REQUIRE_CONTROLPLANE=1 GRPO_REQUIRE_S3=1 GRPO_REQUIRE_PROMETHEUS=1
+export GRPO_REQUIRE_CONTROLPLANE=1 GRPO_REQUIRE_S3=1 GRPO_REQUIRE_PROMETHEUS=1 GRPO_REQUIRE_E2E=1
 python -m pytest -ra "$@"

@@ -42,6 +42,7 @@ def markdown() -> str:
              "Generated from `grpo_api.spec` by `python -m grpo_api.apidoc`; do not edit.", "",
              "| field | type | default | description |", "|---|---|---|---|"]
     for path, typ, default, desc in rows():
+        desc = " ".join(desc.split())  # a docstring's line breaks would end the table row
         lines.append(f"| `{path}` | {typ.replace('|', '&#124;')} | {default.replace('|', '&#124;')} | "
                      f"{desc.replace('|', '&#124;')} |")
     return "\n".join(lines) + "\n"

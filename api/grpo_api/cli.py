@@ -13,13 +13,24 @@ def _commands() -> dict:
     return {ep.name: ep for ep in entry_points(group="grpo.commands")}
 
 
+def _summary(entry_point) -> str:
+    """The first line of the command function's docstring. Loading it is cheap: command modules
+    import their heavy dependencies inside the functions."""
+    try:
+        fn = entry_point.load()
+    except ImportError:  # a package whose extra isn't installed (e.g. the operator without kopf)
+        return "(not installed)"
+    return ((fn.__doc__ or "").strip().splitlines() or [""])[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = _commands()
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(f"grpo {__version__}: Kubernetes-native GRPO post-training\n\nusage: grpo COMMAND [ARGS]\n\ncommands:")
+        width = max(map(len, commands), default=0)
         for name in sorted(commands):
-            print(f"  {name}")
+            print(f"  {name:<{width}}  {_summary(commands[name])}")
         print("\nRun `grpo COMMAND --help` for a command's options.")
         return 0
     if argv[0] == "--version":

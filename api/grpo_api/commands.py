@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from grpo_api.jobfile import JobError, load_job
+from grpo_api.jobfile import JobError, kubectl_boolean_keys, load_job
 
 
 def validate(argv: list[str]) -> int:
+    """Check GRPOJob files and list every error with its field path."""
     parser = argparse.ArgumentParser(prog="grpo validate", description="Check GRPOJob files; list every error.")
     parser.add_argument("files", nargs="+", help="GRPOJob YAML files")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -18,6 +20,9 @@ def validate(argv: list[str]) -> int:
     for path in args.files:
         try:
             job = load_job(path, args.overrides)
+            # What Python reads one way and kubectl another: refused too, the file is for both.
+            if bare := kubectl_boolean_keys(Path(path).read_text()):
+                raise JobError(bare, str(path))
         except JobError as exc:
             failed += 1
             print(exc, file=sys.stderr)
@@ -28,6 +33,7 @@ def validate(argv: list[str]) -> int:
 
 
 def crd(argv: list[str]) -> int:
+    """Print the GRPOJob CRD, generated from the API models."""
     argparse.ArgumentParser(prog="grpo crd", description="Print the GRPOJob CRD (generated from the API models).").parse_args(argv)
     from grpo_api.crd import crd_yaml
     sys.stdout.write(crd_yaml())
@@ -35,6 +41,7 @@ def crd(argv: list[str]) -> int:
 
 
 def from_verl(argv: list[str]) -> int:
+    """Translate a verl launch command or config into a GRPOJob."""
     parser = argparse.ArgumentParser(
         prog="grpo from-verl",
         description="Translate a verl launch command (python3 -m verl.trainer.main_ppo key=value ...) or a verl "

@@ -12,8 +12,8 @@ from typing import Any
 
 
 from grpo_api.jobfile import k8s_yaml
-from grpo_api.spec import (API_GROUP, API_VERSION, CROSS_FIELD_RULES, KIND, MUTABLE_SPEC_FIELDS,
-                           PLURAL, GRPOJobSpec, GRPOJobStatus)
+from grpo_api.spec import (API_GROUP, API_VERSION, CROSS_FIELD_RULES, KIND, KUBERNETES_RULES, MAX_NAME_LENGTH,
+                           MUTABLE_SPEC_FIELDS, NAME_PATTERN, PLURAL, GRPOJobSpec, GRPOJobStatus)
 
 # Fields whose content is free-form Kubernetes (partial pod templates).
 _PRESERVE_UNKNOWN = {"template"}
@@ -78,14 +78,28 @@ def spec_schema() -> dict[str, Any]:
     for name, prop in schema["properties"].items():
         if prop.get("type") == "object" and name not in schema.get("required", []):
             prop["default"] = {}
-        if name not in MUTABLE_SPEC_FIELDS and prop.get("type") == "object":
-            prop.setdefault("x-kubernetes-validations", []).append(
-                {"rule": "self == oldSelf",
-                 "message": f"spec.{name} can't change while the job exists "
-                            f"(only {', '.join('spec.' + f for f in MUTABLE_SPEC_FIELDS)} can)"})
+    _immutable_except(schema, MUTABLE_SPEC_FIELDS, "spec")
     schema["x-kubernetes-validations"] = [
-        {"rule": r.cel, "message": r.message, "fieldPath": "." + r.field} for r in CROSS_FIELD_RULES]
+        {"rule": r.cel, "message": r.message, "fieldPath": "." + r.field}
+        for r in (*CROSS_FIELD_RULES, *KUBERNETES_RULES)]
     return schema
+
+
+def _immutable_except(schema: dict[str, Any], mutable: tuple[str, ...], path: str) -> None:
+    """A `self == oldSelf` rule on every property of `schema` that is not in `mutable` (dotted
+    paths relative to it) and holds nothing mutable; into those that do, recursively."""
+    allowed = ", ".join(f"spec.{m}" for m in MUTABLE_SPEC_FIELDS)
+    for name, prop in schema["properties"].items():
+        inner = tuple(m.removeprefix(name + ".") for m in mutable if m.startswith(name + "."))
+        if name in mutable:
+            continue
+        if inner:
+            _immutable_except(prop, inner, f"{path}.{name}")
+            continue
+        prop.setdefault("x-kubernetes-validations", []).append(
+            {"rule": "self == oldSelf",
+             "message": f"{path}.{name} can't change while the job exists: the pods read it once, at start "
+                        f"(only {allowed} can change)"})
 
 
 def build_crd() -> dict[str, Any]:
@@ -112,11 +126,23 @@ def build_crd() -> dict[str, Any]:
                     {"name": "Val", "type": "number", "jsonPath": ".status.progress.validationScore",
                      "description": "Last validation score"},
                     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    # -o wide
+                    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
+                    {"name": "Epoch", "type": "integer", "jsonPath": ".status.progress.epoch", "priority": 1},
+                    {"name": "Reason", "type": "string", "priority": 1, "description": "Why the job failed",
+                     "jsonPath": '.status.conditions[?(@.type=="Failed")].reason'},
                 ],
                 "schema": {"openAPIV3Schema": {
                     "type": "object",
                     "description": "GRPOJob: one RL post-training run (GRPO and relatives) of an LLM.",
                     "required": ["spec"],
+                    # The root is the only place a CEL rule sees metadata.name.
+                    "x-kubernetes-validations": [{
+                        "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH} && "
+                                f"self.metadata.name.matches('{NAME_PATTERN}')",
+                        "message": f"metadata.name must be at most {MAX_NAME_LENGTH} characters of a-z, 0-9 and "
+                                   f"'-' (a DNS label with room for the children's names, e.g. <name>-trainer-0)",
+                    }],
                     "properties": {
                         "apiVersion": {"type": "string"},
                         "kind": {"type": "string"},

@@ -20,13 +20,15 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import typing
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import yaml
 
-from grpo_api.jobfile import JobError, _child_model, parse_job
-from grpo_api.spec import API_GROUP, API_VERSION, KIND, GRPOJob, GRPOJobSpec, TrainerSpec
+from grpo_api.jobfile import JobError, K8sDumper, _child_model, parse_job
+from grpo_api.spec import (API_GROUP, API_VERSION, KIND, AdvEstimator, GRPOJob, GRPOJobSpec, PolicyLoss,
+                           TrainerSpec)
 from grpo_api.verl_command import VerlConfig
 
 MISSING: Any = object()
@@ -235,23 +237,24 @@ def _warmup_ratio(value, ctx):
                       "actor_rollout_ref.actor.optim.lr_warmup_steps=N instead (N = ratio x total steps)")
 
 
-_TRACKERS = ("wandb", "swanlab", "mlflow", "vemlp_wandb", "tensorboard", "clearml", "trackio")
+# verl's trackers that have no counterpart here: their metrics go to TensorBoard instead.
+_OTHER_TRACKERS = ("swanlab", "vemlp_wandb", "clearml", "trackio")
 
 
 def _loggers(value, ctx):
     names = value if isinstance(value, list) else [value]
     out, dropped = [], []
     for name in map(str, names):
-        if name == "console":
-            mapped = "console"
+        if name in ("console", "tensorboard", "wandb", "mlflow"):
+            mapped = name
         elif name == "file":
             mapped = "jsonl"                           # verl's file logger writes JSON lines
-        elif name in _TRACKERS:
+        elif name in _OTHER_TRACKERS:
             mapped = "tensorboard"
-            if name != "tensorboard":
-                dropped.append(name)
+            dropped.append(name)
         else:
-            raise Unsupported(f"logger {name!r} is unknown; loggers here: console, jsonl, tensorboard, prometheus")
+            raise Unsupported(f"logger {name!r} is unknown; loggers here: console, jsonl, tensorboard, prometheus, "
+                              f"wandb, mlflow")
         if mapped not in out:
             out.append(mapped)
     if dropped:
@@ -281,6 +284,15 @@ def _resume_from_path(value, ctx):
                       "own checkpoints (resume: auto)")
 
 
+def _loss_agg_mode(value, ctx):
+    if value == "seq-mean-token-sum-norm":
+        ctx.warn("normalised as the Dr.GRPO paper and TRL's dr_grpo do: the mini-batch's token-loss sum / "
+                 "(responses x loss_scale_factor). verl divides by loss_scale_factor per micro-batch, then by the "
+                 "micro-batch count, so verl's loss is ppo_micro_batch_size_per_gpu x ours: the Adam update is the "
+                 "same, gradient norms (and what grad_clip cuts) differ")
+    return value
+
+
 def _max_resp_len(value, ctx):
     length = ctx.get("data.max_response_length")
     if value != length:
@@ -290,7 +302,8 @@ def _max_resp_len(value, ctx):
 
 _DTYPE = _choice({"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
                   "half": "float16", "float32": "float32", "fp32": "float32", "float": "float32"}, what="dtype")
-_ESTIMATORS = {e: e for e in ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo")}
+_ESTIMATORS = {e.value: e.value for e in AdvEstimator}
+_POLICY_LOSSES = {name: name for name in typing.get_args(PolicyLoss)}
 _CRITIC = "there is no critic here (GRPO-family estimators need none)"
 _VLLM_KNOB = "a vLLM engine setting verl passes through; the rollout servers manage their own"
 _OFFLOAD = "FSDP2 offload/sharding tuning of verl's workers; the trainer shards with FSDP2 on its own terms"
@@ -317,8 +330,8 @@ RULES: tuple[Rule, ...] = (
     Ignore("algorithm.lam", "GAE's lambda; no GAE here"),
     Refuse("algorithm.use_pf_ppo", "preference-feedback PPO reweighting is not supported", ok=(False,)),
     Ignore("algorithm.pf_ppo.*", "only used with use_pf_ppo, which is off"),
-    Ignore("algorithm.rollout_correction.*", "rollouts are synchronous here (rollout.maxStaleness is 0), so "
-           "there is no staleness to correct"),
+    Ignore("algorithm.rollout_correction.*", "no separate correction: with rollout.maxStaleness 1 the PPO ratio "
+           "is taken against the rollout's behaviour logprobs"),
     # data
     Map("data.train_files", "data.trainFiles", "a path or a list; local paths become file:// URIs", _files),
     Map("data.val_files", "data.valFiles", "as train_files", _files),
@@ -391,10 +404,11 @@ RULES: tuple[Rule, ...] = (
     Map("actor_rollout_ref.actor.clip_ratio_low", "algorithm.clipRatioLow"),
     Map("actor_rollout_ref.actor.clip_ratio_high", "algorithm.clipRatioHigh", "0.28 = DAPO clip-higher"),
     Map("actor_rollout_ref.actor.clip_ratio_c", "algorithm.clipRatioC"),
-    Map("actor_rollout_ref.actor.loss_agg_mode", "algorithm.lossAggMode"),
+    Map("actor_rollout_ref.actor.loss_agg_mode", "algorithm.lossAggMode",
+        "seq-mean-token-sum-norm: verl's loss is micro-batch size x ours (warns)", _loss_agg_mode),
     Map("actor_rollout_ref.actor.loss_scale_factor", "algorithm.lossScaleFactor"),
     Map("actor_rollout_ref.actor.policy_loss.loss_mode", "algorithm.policyLoss", "vanilla, gspo",
-        _choice({"vanilla": "vanilla", "gspo": "gspo"}, what="policy loss")),
+        _choice(_POLICY_LOSSES, what="policy loss")),
     Ignore("actor_rollout_ref.actor.policy_loss.*", "parameters of policy losses other than vanilla and gspo"),
     Map("actor_rollout_ref.actor.entropy_coeff", "algorithm.entropyCoeff"),
     Map("actor_rollout_ref.actor.use_kl_loss", "algorithm.useKLLoss"),
@@ -512,8 +526,8 @@ RULES: tuple[Rule, ...] = (
     Map("trainer.save_freq", "trainer.saveFreq", "<= 0 = -1 (verl: never; here: once, at the end)", _freq),
     Map("trainer.val_before_train", "trainer.valBeforeTrain"),
     Map("trainer.max_actor_ckpt_to_keep", "trainer.keepCheckpoints", "null = keep all", absent=None),
-    Map("trainer.logger", "trainer.loggers", "console; file = jsonl; wandb, swanlab, mlflow... = tensorboard "
-        "(a warning)", _loggers, absent=["console", "wandb"]),
+    Map("trainer.logger", "trainer.loggers", "console, wandb, mlflow, tensorboard; file = jsonl; swanlab, "
+        "clearml, trackio, vemlp_wandb = tensorboard (a warning)", _loggers, absent=["console", "wandb"]),
     Map("trainer.resume_mode", "resume", "auto, disable = never; resume_path: see resume_from_path",
         _choice({"auto": "auto", "disable": "never", "resume_path": SKIP}, what="resume mode")),
     Check("trainer.resume_from_path", "an error with resume_mode=resume_path: verl checkpoints are not read "
@@ -692,7 +706,7 @@ def _with_origin(error: str, origin: dict[str, str]) -> str:
 
 
 def _ordered(doc: dict, model) -> dict:
-    """The document in the model's field order (spec sections as DESIGN.md lists them)."""
+    """The document in the model's field order (spec sections as docs/ARCHITECTURE.md §3 lists them)."""
     out = {}
     for name, f in model.model_fields.items():
         key = f.alias or name
@@ -715,8 +729,9 @@ def render(translation: Translation, source: str) -> str:
     return "\n".join(lines) + "\n" + body
 
 
-class _Dumper(yaml.SafeDumper):
-    """Lists inline (`trainFiles: [a, b]`), mappings as blocks, as the examples are written."""
+class _Dumper(K8sDumper):
+    """Lists inline (`trainFiles: [a, b]`), mappings as blocks, as the examples are written; keys
+    and values kubectl would read as booleans (`n`) quoted."""
 
 
 _Dumper.add_representer(list, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=True))

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from grpo_api.spec import GRPOJob, GRPOJobSpec
+from grpo_api.spec import GRPOJob
 
 
 class JobError(ValueError):
@@ -144,24 +144,49 @@ def load_job(path: str | Path, overrides: list[str] = ()) -> GRPOJob:
     return parse_job(doc, overrides, str(path))
 
 
-class _K8sDumper(yaml.SafeDumper):
+def kubectl_boolean_keys(text: str) -> list[str]:
+    """Unquoted keys that kubectl's YAML 1.1 reads as booleans: `n: 5` is `false: 5` to it, and
+    the API server refuses `spec.rollout.false`. Python's YAML (and so `grpo run`) reads `n` as a
+    string, so only `grpo validate` says it. `text` must be valid YAML."""
+    return _yaml11_boolean_keys(yaml.compose(text))
+
+
+def _yaml11_boolean_keys(node: yaml.Node | None, path: str = "") -> list[str]:
+    errors = []
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            name = f"{path}.{key.value}" if path else str(key.value)
+            if isinstance(key, yaml.ScalarNode) and key.style is None and key.value in _YAML11_BOOLS:
+                shown = value.value if isinstance(value, yaml.ScalarNode) else "..."
+                boolean = _yaml11_bool(key.value)
+                errors.append(f"{name}: quote the key, \"{key.value}\": {shown} (line {key.start_mark.line + 1}): "
+                              f"kubectl reads YAML 1.1, where a bare {key.value} is the boolean {boolean}, so the "
+                              f"API server would refuse this as {path + '.' if path else ''}{boolean}")
+            errors.extend(_yaml11_boolean_keys(value, name))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            errors.extend(_yaml11_boolean_keys(item, f"{path}[{i}]"))
+    return errors
+
+
+def _yaml11_bool(word: str) -> str:
+    return "true" if word.lower() in ("y", "yes", "on") else "false"
+
+
+class K8sDumper(yaml.SafeDumper):
     """Quotes strings that YAML 1.1 parsers (kubectl's) read as booleans: `n`, `y`, `on`..."""
 
 
 _YAML11_BOOLS = {"y", "Y", "n", "N", "yes", "Yes", "YES", "no", "No", "NO", "on", "On", "ON", "off", "Off", "OFF"}
-_K8sDumper.add_representer(str, lambda d, v: d.represent_scalar(
+K8sDumper.add_representer(str, lambda d, v: d.represent_scalar(
     "tag:yaml.org,2002:str", v, style="'" if v in _YAML11_BOOLS else None))
 
 
 def k8s_yaml(obj) -> str:
-    return yaml.dump(obj, Dumper=_K8sDumper, sort_keys=False, width=100)
+    return yaml.dump(obj, Dumper=K8sDumper, sort_keys=False, width=100)
 
 
 def dump_job(job: GRPOJob) -> str:
     """The resolved job as YAML (camelCase, defaults filled in): what the pods read."""
     # None is kept: an explicit null (e.g. keepCheckpoints: null, keep all) must survive the trip.
     return k8s_yaml(job.model_dump(mode="json", by_alias=True, exclude={"status"}))
-
-
-def spec_from_yaml(text: str) -> GRPOJobSpec:
-    return parse_job(yaml.safe_load(text)).spec

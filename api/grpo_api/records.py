@@ -1,4 +1,4 @@
-"""Arrow schemas of what crosses object storage, and the run directory layout (DESIGN.md §5).
+"""Arrow schemas of what crosses object storage, and the run directory layout (docs/ARCHITECTURE.md §5).
 
 A prompt shard is written by trainer rank 0 for one rollout request; a rollout shard, one row
 per sample, is written by the rollout server that served it. Readers trust only what a manifest

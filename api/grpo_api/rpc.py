@@ -1,16 +1,25 @@
 """gRPC plumbing shared by the trainer (client) and the rollout servers: message size limits,
-the per-job token, the server-side check of it and the client-side stub.
+the per-job token, TLS, the server-side check of the token and the client-side stub.
 
-Every call carries `authorization: Bearer <token>` (DESIGN.md §8). The token comes from the
+Every call carries `authorization: Bearer <token>` (docs/ARCHITECTURE.md §8). The token comes from the
 environment (`GRPO_RPC_TOKEN`) or a file (`GRPO_RPC_TOKEN_FILE`, e.g. a mounted Secret); it is
-never logged. No torch import here.
+never logged.
+
+With TLS (on Kubernetes and under `grpo run`) the channel is encrypted and the server proves
+who it is: a rollout server serves the certificate in `GRPO_TLS_CERT` / `GRPO_TLS_KEY`, which the
+job's own CA signed, and the trainer trusts only that CA (`GRPO_TLS_CA`), checking the name
+`GRPO_TLS_SERVER_NAME` in the certificate (it dials the pods' IPs). The token stays the
+authorization. Without these variables both sides speak plaintext and say so in their logs.
+No torch import here.
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -27,6 +36,16 @@ MAX_MESSAGE_BYTES = 128 * MiB
 AUTH_METADATA_KEY = "authorization"
 TOKEN_ENV = "GRPO_RPC_TOKEN"
 TOKEN_FILE_ENV = "GRPO_RPC_TOKEN_FILE"
+TLS_CA_ENV = "GRPO_TLS_CA"
+"""The job's CA certificate (PEM): the trainer accepts only rollout servers it signed."""
+TLS_SERVER_NAME_ENV = "GRPO_TLS_SERVER_NAME"
+"""The name the trainer checks in a server's certificate (it dials IPs, not that name)."""
+TLS_CERT_ENV = "GRPO_TLS_CERT"
+"""A rollout server's certificate (PEM), signed by the job's CA."""
+TLS_KEY_ENV = "GRPO_TLS_KEY"
+"""Its private key (PEM)."""
+
+log = logging.getLogger(__name__)
 
 _OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -73,6 +92,60 @@ def read_token(env: Mapping[str, str] | None = None) -> str:
             return token
         raise TokenError(f"{TOKEN_FILE_ENV}={path}: the token file is empty")
     raise TokenError(f"no RPC token: set {TOKEN_ENV}, or {TOKEN_FILE_ENV} to a file holding it")
+
+
+class TLSError(RuntimeError):
+    """TLS material that can't be used: the message names the variable and why."""
+
+
+@dataclass(frozen=True)
+class ClientAuth:
+    """What a client needs to call a job's rollout servers: the token and, for TLS, the CA."""
+
+    token: str
+    ca: bytes | None = None
+    """The job's CA certificate (PEM); None: plaintext."""
+    server_name: str | None = None
+    """The name to check in the servers' certificate; None: the host dialled."""
+
+
+@dataclass(frozen=True)
+class ServerTLS:
+    cert: bytes
+    key: bytes
+
+
+def _pem(env: Mapping[str, str], name: str, kind: str) -> bytes | None:
+    value = env.get(name, "").strip()
+    if not value:
+        return None
+    if "-----BEGIN " not in value or f"{kind}-----" not in value:      # "EC PRIVATE KEY" too
+        raise TLSError(f"{name}: not a PEM {kind.lower()} (expected '-----BEGIN {kind}-----')")
+    return value.encode() + b"\n"
+
+
+def client_auth(env: Mapping[str, str] | None = None) -> ClientAuth:
+    """The token, and the CA and server name when `GRPO_TLS_CA` is set."""
+    env = os.environ if env is None else env
+    token = read_token(env)
+    ca = _pem(env, TLS_CA_ENV, "CERTIFICATE")
+    if ca is None:
+        log.warning("%s is not set: calls to the rollout servers are not encrypted", TLS_CA_ENV)
+        return ClientAuth(token)
+    return ClientAuth(token, ca, env.get(TLS_SERVER_NAME_ENV, "").strip() or None)
+
+
+def server_tls(env: Mapping[str, str] | None = None) -> ServerTLS | None:
+    """A server's certificate and key from `GRPO_TLS_CERT` and `GRPO_TLS_KEY`, None when both
+    are unset (plaintext)."""
+    env = os.environ if env is None else env
+    cert, key = _pem(env, TLS_CERT_ENV, "CERTIFICATE"), _pem(env, TLS_KEY_ENV, "PRIVATE KEY")
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        missing = TLS_CERT_ENV if cert is None else TLS_KEY_ENV
+        raise TLSError(f"{missing} is not set: TLS needs both {TLS_CERT_ENV} and {TLS_KEY_ENV}")
+    return ServerTLS(cert, key)
 
 
 def _bearer(token: str) -> str:
@@ -152,14 +225,21 @@ class _Details(grpc.ClientCallDetails):
         self.compression = getattr(base, "compression", None)
 
 
-def rollout_channel(address: str, token: str) -> grpc.Channel:
-    """An insecure channel (in-cluster traffic; the NetworkPolicy and the token guard it) that
-    sends the token on every call. Close it when done."""
-    channel = grpc.insecure_channel(address, options=channel_options())
-    return grpc.intercept_channel(channel, _TokenMetadata(token))
+def rollout_channel(address: str, auth: ClientAuth | str) -> grpc.Channel:
+    """A channel to one rollout server that sends the token on every call: TLS when `auth` has
+    the job's CA, else plaintext (a bare token is plaintext). Close it when done."""
+    auth = ClientAuth(auth) if isinstance(auth, str) else auth
+    if auth.ca is None:
+        channel = grpc.insecure_channel(address, options=channel_options())
+    else:
+        options = channel_options()
+        if auth.server_name:
+            options.append(("grpc.ssl_target_name_override", auth.server_name))
+        channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=auth.ca), options=options)
+    return grpc.intercept_channel(channel, _TokenMetadata(auth.token))
 
 
-def rollout_stub(address: str, token: str) -> rollout_pb2_grpc.RolloutStub:
+def rollout_stub(address: str, auth: ClientAuth | str) -> rollout_pb2_grpc.RolloutStub:
     """A Rollout client for `host:port`. The channel closes when the stub is garbage-collected;
     use `rollout_channel` to close it explicitly."""
-    return rollout_pb2_grpc.RolloutStub(rollout_channel(address, token))
+    return rollout_pb2_grpc.RolloutStub(rollout_channel(address, auth))

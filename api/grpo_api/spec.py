@@ -26,6 +26,8 @@ PLURAL = "grpojobs"
 
 # verl's group-based estimators compare samples of one prompt: they need n >= 2.
 GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opo")
+# A Kubernetes object name (DNS-1123 subdomain), as Secrets are named.
+SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 MAX_TOTAL_LENGTH = 131072
 
 
@@ -93,6 +95,7 @@ class AdvEstimator(str, Enum):
 
 
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+PolicyLoss = Literal["vanilla", "gspo"]
 KLType = Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl",
                  "k1+", "kl+", "abs+", "k2+", "mse+", "k3+", "low_var_kl+"]
 
@@ -105,10 +108,14 @@ class AlgorithmSpec(_Model):
     gamma: float = Field(default=1.0, ge=0.0, le=1.0)
     """Discount for REINFORCE++ returns (verl: algorithm.gamma)."""
     loss_agg_mode: LossAggMode = "token-mean"
-    """How token losses are averaged (verl: actor.loss_agg_mode); seq-mean-token-sum-norm is Dr.GRPO's."""
+    """How token losses are averaged (verl: actor.loss_agg_mode). seq-mean-token-sum-norm is Dr.GRPO's: the
+    mini-batch's token-loss sum divided by (responses x lossScaleFactor), as the Dr.GRPO paper and TRL's
+    dr_grpo do. verl divides each micro-batch's sum by lossScaleFactor alone and then by the number of
+    micro-batches, so its loss is microBatchSizePerGPU x ours: the Adam update is the same, but the gradient
+    norm (and what gradClip cuts) is not."""
     loss_scale_factor: int | None = Field(default=None, ge=1)
     """Divisor for seq-mean-token-sum-norm; null means maxResponseLength (verl: actor.loss_scale_factor)."""
-    policy_loss: Literal["vanilla", "gspo"] = "vanilla"
+    policy_loss: PolicyLoss = "vanilla"
     """Policy loss: dual-clip PPO (vanilla) or sequence-level GSPO (verl: actor.policy_loss.loss_mode)."""
     use_kl_loss: bool = Field(default=False, alias="useKLLoss")
     """Add a KL(policy || reference) term to the loss instead of the reward (verl: actor.use_kl_loss)."""
@@ -125,20 +132,23 @@ class AlgorithmSpec(_Model):
     entropy_coeff: float = 0.0
     """Entropy bonus weight (verl: actor.entropy_coeff)."""
     filter_groups: bool = False
-    """DAPO dynamic sampling: drop groups whose rewards are all equal (verl: algorithm.filter_groups.enable)."""
+    """DAPO dynamic sampling: drop groups whose rewards are all equal and generate more prompts, up to 10
+    rounds (verl: algorithm.filter_groups.enable). Needs rollout.n >= 2: a group of one sample has no
+    spread to keep."""
 
 
 class OverlongBuffer(_Model):
     enable: bool = False
     """DAPO overlong reward shaping (verl: reward_model.overlong_buffer.enable)."""
     len: int = Field(default=0, ge=0)
-    """Last tokens before maxResponseLength in which the penalty grows linearly."""
+    """Last tokens before maxResponseLength in which the penalty grows linearly; with enable it must be
+    in 1..data.maxResponseLength."""
     penalty_factor: float = Field(default=1.0, ge=0.0)
     """Penalty at maxResponseLength."""
 
 
 class RewardSpec(_Model):
-    function: str = Field(default="auto", min_length=1)
+    function: str = Field(default="auto", pattern=r"^(auto|.+:[A-Za-z_][A-Za-z0-9_]*)$")
     """'auto' dispatches by data_source (openai/gsm8k, math datasets); or 'module:function', or 'path/to/file.py:function' (verl's custom_reward_function contract)."""
     timeout_seconds: float = Field(default=10.0, gt=0)
     """Per-call limit; a reward function that takes longer scores 0 and is counted."""
@@ -171,9 +181,8 @@ class RolloutSpec(_Model):
     """vLLM scheduler token budget (verl: rollout.max_num_batched_tokens)."""
     enforce_eager: bool = False
     """Disable CUDA graphs in vLLM (verl: rollout.enforce_eager)."""
-    max_staleness: int = Field(default=0, ge=0, le=0)
-    """Policy versions a rollout may lag behind training. Only 0 (fully synchronous) in this
-    release: overlapping rollout t+1 with training t is planned, not built."""
+    max_staleness: int = Field(default=0, ge=0, le=1)
+    """Policy versions a rollout may lag behind training. 0: each step generates with the latest weights, then trains (synchronous). 1: step t+1's rollouts are generated while step t trains (verl's one-step-off-policy, AReaL), so they come from the policy one update behind; the PPO ratio then uses the rollout's behaviour logprobs as the old policy."""
     request_timeout_seconds: float = Field(default=900.0, gt=0)
     """A Generate call that takes longer is abandoned and its shard re-dispatched."""
     seed: int = 0
@@ -184,9 +193,9 @@ class RolloutSpec(_Model):
 
 class TrainerSpec(_Model):
     project_name: str = Field(default="grpo", min_length=1)
-    """Project, the first part of the local run directory (verl: trainer.project_name)."""
+    """Project, the first part of the local run directory; the W&B project and the MLflow experiment (verl: trainer.project_name)."""
     experiment_name: str = Field(default="run", min_length=1)
-    """Experiment, the second part of the local run directory (verl: trainer.experiment_name)."""
+    """Experiment, the second part of the local run directory; the W&B and MLflow run name (verl: trainer.experiment_name)."""
     nnodes: int = Field(default=1, ge=1)
     """Trainer nodes (pods) (verl: trainer.nnodes)."""
     nproc_per_node: int = Field(default=1, ge=1, alias="nprocPerNode")
@@ -225,8 +234,12 @@ class TrainerSpec(_Model):
     """Complete checkpoints kept; older ones are deleted; null keeps all (verl: max_actor_ckpt_to_keep)."""
     ref_cpu_offload: bool = False
     """Keep the frozen reference model's shards in CPU memory (verl: ref.fsdp_config.param_offload)."""
-    loggers: list[Literal["console", "jsonl", "tensorboard", "prometheus"]] = ["console", "jsonl"]
-    """Where metrics go (verl: trainer.logger)."""
+    use_torch_compile: bool = True
+    """Compile each decoder layer with torch.compile when training on GPU (verl: actor.use_torch_compile); the first step pays the compilation. Ignored on CPU."""
+    loggers: list[Literal["console", "jsonl", "tensorboard", "prometheus", "wandb", "mlflow"]] = ["console", "jsonl"]
+    """Where metrics go (verl: trainer.logger). wandb and mlflow read their credentials and endpoints from the standard environment variables (WANDB_API_KEY, WANDB_MODE, WANDB_BASE_URL, MLFLOW_TRACKING_URI, ...); a resumed job continues the same tracker run."""
+    tracker_secret_ref: str | None = Field(default=None, pattern=SECRET_NAME_PATTERN, max_length=253)
+    """Secret whose keys become the trainer pods' environment variables (WANDB_API_KEY, WANDB_BASE_URL, MLFLOW_TRACKING_URI, MLFLOW_TRACKING_TOKEN, ...), for the wandb and mlflow loggers; never put credentials in the spec."""
     seed: int = 42
     """Seed for model init-free randomness (dropout, sampling order is data.seed)."""
     template: dict[str, Any] | None = None
@@ -253,6 +266,17 @@ class WeightSyncSpec(_Model):
     """A weight update that takes longer fails; the worker is re-synced before it generates again."""
 
 
+class SchedulingPolicy(_Model):
+    """Gang scheduling of the trainer pods, named as Kubeflow Training Operator's
+    runPolicy.schedulingPolicy. torchrun's rendezvous needs every node, so the gang is always all
+    of them (minMember = trainer.nnodes): there is no minAvailable."""
+
+    schedule_timeout_seconds: int | None = Field(default=None, ge=1)
+    """How long the scheduler holds the trainer pods it could place while it waits for room for all of them, before it releases them and tries again (the PodGroup's scheduleTimeoutSeconds); null: the scheduler's default."""
+    priority_class: str | None = Field(default=None, min_length=1)
+    """PriorityClass of the trainer pods; a spec.trainer.template priorityClassName wins."""
+
+
 class RunPolicy(_Model):
     backoff_limit: int = Field(default=3, ge=0)
     """Trainer restarts before the job is Failed."""
@@ -264,6 +288,8 @@ class RunPolicy(_Model):
     """Fail the job when its pods stay Pending (unschedulable, image pull errors) this long."""
     suspend: bool = False
     """Remove the pods after a checkpoint; false resumes from it."""
+    scheduling_policy: SchedulingPolicy | None = None
+    """Gang-schedule the trainer pods: a PodGroup (scheduler-plugins coscheduling, scheduling.x-k8s.io/v1alpha1) for all trainer.nnodes pods, which run under the operator's gang scheduler, so a multi-node trainer never holds some nodes' GPUs while it waits for the rest. Null: the default scheduler, pod by pod. Takes effect at the next trainer attempt."""
 
 
 class GRPOJobSpec(_Model):
@@ -284,9 +310,9 @@ class GRPOJobSpec(_Model):
     weight_sync: WeightSyncSpec = WeightSyncSpec()
     """How new weights reach the rollout servers."""
     resume: str = Field(default="auto", pattern=r"^(auto|never|(file|s3)://.+)$")
-    """auto: latest complete checkpoint; never; or a checkpoint URI."""
+    """auto: latest complete checkpoint; never; or one of this job's checkpoints (<uri>/<ns>/<job>/checkpoints/step-N)."""
     run_policy: RunPolicy = RunPolicy()
-    """Restarts, deadlines, suspension."""
+    """Restarts, deadlines, suspension, gang scheduling."""
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> "GRPOJobSpec":
@@ -362,9 +388,15 @@ class GRPOJobStatus(_Model):
     """The spec generation the status describes."""
 
 
+# A DNS label short enough for the children's names (`<name>-trainer-0`, the pods' hostnames) and
+# for the `grpo.dev/job=<name>` label value (<= 63 characters).
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+MAX_NAME_LENGTH = 50
+
+
 class ObjectMeta(BaseModel):
     model_config = ConfigDict(extra="allow")
-    name: str = Field(default="grpojob", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=50)
+    name: str = Field(default="grpojob", pattern=NAME_PATTERN, max_length=MAX_NAME_LENGTH)
     namespace: str = "default"
 
 
@@ -443,6 +475,21 @@ def _gspo_needs_seq_mean(s: GRPOJobSpec) -> str | None:
     return None
 
 
+def _overlong_buffer_fits(s: GRPOJobSpec) -> str | None:
+    buffer = s.reward.overlong_buffer
+    if buffer.enable and not 0 < buffer.len <= s.data.max_response_length:
+        return (f"must be in 1..data.maxResponseLength ({s.data.max_response_length}) when overlongBuffer.enable "
+                f"is true: the penalty grows over the last len tokens of a response (got {buffer.len})")
+    return None
+
+
+def _filter_groups_needs_groups(s: GRPOJobSpec) -> str | None:
+    if s.algorithm.filter_groups and s.rollout.n < 2:
+        return (f"needs rollout.n >= 2: a group of one sample never has unequal rewards, so every step "
+                f"would generate 10 rounds in vain (got n {s.rollout.n})")
+    return None
+
+
 _GROUP_LIST = "[" + ", ".join(f"'{e}'" for e in GROUP_ESTIMATORS) + "]"
 
 CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
@@ -483,7 +530,43 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         "self.algorithm.policyLoss != 'gspo' || self.algorithm.lossAggMode == 'seq-mean-token-mean'",
         "algorithm.lossAggMode must be seq-mean-token-mean with policyLoss gspo",
         _gspo_needs_seq_mean),
+    CrossFieldRule(
+        "reward.overlongBuffer.len",
+        "!self.reward.overlongBuffer.enable || "
+        "(self.reward.overlongBuffer.len >= 1 && self.reward.overlongBuffer.len <= self.data.maxResponseLength)",
+        "reward.overlongBuffer.len must be in 1..data.maxResponseLength when overlongBuffer.enable is true",
+        _overlong_buffer_fits),
+    CrossFieldRule(
+        "algorithm.filterGroups",
+        "!self.algorithm.filterGroups || self.rollout.n >= 2",
+        "algorithm.filterGroups needs rollout.n >= 2 (a group of one sample never has unequal rewards)",
+        _filter_groups_needs_groups),
 )
 
-# Fields a running job may change; the CRD refuses changes to the rest (CEL transition rules).
-MUTABLE_SPEC_FIELDS = ("rollout", "runPolicy")
+def _storage_reaches_every_pod(s: GRPOJobSpec) -> str | None:
+    uri = s.storage.uri
+    if uri is None:
+        return ("required on Kubernetes (e.g. s3://bucket/prefix): the trainer and the rollout pods exchange "
+                "prompts, rollouts and checkpoints through it")
+    if uri.startswith("file://") and not uri.startswith("file:///"):
+        return (f"a file:// URI must be absolute on Kubernetes (a volume mounted at the same path in every "
+                f"pod) (got {uri!r})")
+    return None
+
+
+# Rules only a Kubernetes job must keep (a local `grpo run` defaults its storage): the CRD
+# refuses them at `kubectl apply`, and the operator checks them for objects admitted before.
+KUBERNETES_RULES: tuple[CrossFieldRule, ...] = (
+    CrossFieldRule(
+        "storage.uri",
+        "has(self.storage.uri) && "
+        "(self.storage.uri.startsWith('s3://') || self.storage.uri.startsWith('file:///'))",
+        "storage.uri is required on Kubernetes: an s3:// URI, or an absolute file:/// path on a volume every "
+        "pod mounts (the pods exchange prompts, rollouts and checkpoints through it)",
+        _storage_reaches_every_pod),
+)
+
+# What a running job honours a change of: the operator scales or rolls the rollout Deployment
+# and enforces the run policy at every reconcile. The pods read the rest of the spec once, at
+# start, so the CRD refuses changes to it (CEL transition rules on every other field).
+MUTABLE_SPEC_FIELDS = ("rollout.replicas", "rollout.template", "runPolicy")

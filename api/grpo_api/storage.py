@@ -1,5 +1,5 @@
 """Object storage for everything that crosses processes: prompt and rollout shards, checkpoints,
-progress. One `Storage` over `pyarrow.fs` for `file://` and `s3://` URIs (DESIGN.md §5).
+progress. One `Storage` over `pyarrow.fs` for `file://` and `s3://` URIs (docs/ARCHITECTURE.md §5).
 
 - Writes are atomic: on a file system the bytes go to a temporary file in the same folder that
   is then renamed over the target; on S3 an object becomes visible only when its upload
@@ -19,6 +19,7 @@ No torch import here.
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import os
 import time
@@ -32,6 +33,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from grpo_api.s3_uploads import S3Client
 from grpo_api.spec import StorageSpec
 
 if TYPE_CHECKING:
@@ -64,13 +66,17 @@ def is_transient(exc: BaseException) -> bool:
     return not any(code in str(exc) for code in _PERMANENT_S3_ERRORS)
 
 
-def _s3_filesystem(spec: StorageSpec, env: Mapping[str, str]) -> pafs.S3FileSystem:
+def _s3_settings(spec: StorageSpec, env: Mapping[str, str]) -> dict:
     access, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
     if not access or not secret:
         raise StorageError("s3:// storage needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment "
                            "(from spec.storage.secretRef on Kubernetes)")
-    kwargs: dict = dict(access_key=access, secret_key=secret, session_token=env.get("AWS_SESSION_TOKEN") or None,
-                        region=spec.region or env.get("AWS_REGION") or "us-east-1")
+    return dict(access_key=access, secret_key=secret, session_token=env.get("AWS_SESSION_TOKEN") or None,
+                region=spec.region or env.get("AWS_REGION") or "us-east-1")
+
+
+def _s3_filesystem(spec: StorageSpec, env: Mapping[str, str]) -> pafs.S3FileSystem:
+    kwargs = _s3_settings(spec, env)
     if spec.endpoint:
         url = urlparse(spec.endpoint)
         # S3-compatible servers are addressed by path (http://host:port/bucket/key): most of them
@@ -187,6 +193,21 @@ class Storage:
             read = lambda: _read_object_whole(fs, path)  # noqa: E731
         return self._retry("read", uri, read)
 
+    def download(self, uri: str, dest: str | Path) -> tuple[int, str]:
+        """Copy a file/object to the local file `dest` in chunks (bounded memory); returns the
+        (size, sha256 hex) of what was copied, for the caller to check against a manifest."""
+        fs, path = self.resolve(uri)
+
+        def copy() -> tuple[int, str]:
+            digest, size = hashlib.sha256(), 0
+            with fs.open_input_stream(path) as src, open(dest, "wb") as out:
+                while chunk := src.read(8 << 20):
+                    digest.update(chunk)
+                    out.write(chunk)
+                    size += len(chunk)
+            return size, digest.hexdigest()
+        return self._retry("read", uri, copy)
+
     # -- arrow tables ----------------------------------------------------------------------
 
     def write_table(self, uri: str, table: pa.Table) -> None:
@@ -231,6 +252,32 @@ class Storage:
             except FileNotFoundError:
                 pass
         self._retry("delete", uri, delete)
+
+    def clean_leftovers(self, uri: str, *, before: float) -> list[str]:
+        """Remove what writers killed mid-write left under the folder/prefix `uri` (a job's own
+        root): temporary files (`.tmp-*`) last changed before `before` (a Unix time), and on S3
+        the multipart uploads started before it. A writer of now is never touched. Returns what
+        was removed (URIs; an upload as `<uri> (incomplete upload)`)."""
+        fs, path = self.resolve(uri)
+        selector = pafs.FileSelector(path, recursive=True, allow_not_found=True)
+        infos = self._retry("list", uri, lambda: fs.get_file_info(selector))
+        scheme = "file://" if isinstance(fs, pafs.LocalFileSystem) else "s3://"
+        removed = [scheme + i.path for i in infos if i.type == pafs.FileType.File and _is_temporary(i.base_name)
+                   and i.mtime is not None and i.mtime.timestamp() < before]
+        for tmp in removed:
+            self.delete(tmp)
+        if scheme == "s3://":
+            client = self._s3_client()
+            bucket, _, prefix = path.partition("/")
+            prefix = prefix.rstrip("/") + "/" if prefix else ""
+            for upload in self._retry("list uploads", uri, lambda: client.list_uploads(bucket, prefix)):
+                if upload.initiated.timestamp() < before:
+                    self._retry("abort upload", f"s3://{bucket}/{upload.key}", lambda u=upload: client.abort(bucket, u))
+                    removed.append(f"s3://{bucket}/{upload.key} (incomplete upload)")
+        return removed
+
+    def _s3_client(self) -> S3Client:
+        return S3Client(endpoint=self._spec.endpoint, **_s3_settings(self._spec, self._env))
 
 
 _TMP_PREFIX = ".tmp-"

@@ -9,6 +9,7 @@ Pure Python: no torch.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -22,6 +23,29 @@ DTYPE_BYTES = {
     "float8_e4m3fn": 1, "float8_e5m2": 1,
     "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
 }
+
+
+WATCHDOG_MARGIN_SECONDS = 300
+"""How much later than our own deadline a weight-sync group's NCCL watchdog may fire. Its
+timeout tears the whole process down (TORCH_NCCL_ASYNC_ERROR_HANDLING); our deadline only
+aborts the group, so it must come first."""
+
+
+def wait_for_work(work, deadline: float, what: str, check=None, check_every: float = 2.0) -> None:
+    """Wait for a torch.distributed Work until the monotonic `deadline`, calling `check()` every
+    `check_every` seconds (it raises to give up early). On the deadline: TimeoutError naming
+    `what`. A NCCL collective whose peer died never completes and is never cancelled by itself:
+    the caller aborts its group on any error from here."""
+    next_check = time.monotonic() + check_every
+    while not work.is_completed():
+        now = time.monotonic()
+        if now > deadline:
+            raise TimeoutError(f"{what} did not complete before the deadline")
+        if check is not None and now > next_check:
+            check()
+            next_check = now + check_every
+        time.sleep(0.0005)
+    work.wait()
 
 
 @dataclass(frozen=True)

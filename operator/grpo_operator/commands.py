@@ -8,6 +8,7 @@ import sys
 
 
 def run(argv: list[str]) -> int:
+    """Run a GRPOJob on this machine: rollout servers and a torchrun trainer."""
     parser = argparse.ArgumentParser(
         prog="grpo run", description="Run a GRPOJob on this machine: rollout servers + a torchrun trainer.")
     parser.add_argument("job", help="GRPOJob YAML, e.g. examples/quickstart.yaml")
@@ -18,10 +19,11 @@ def run(argv: list[str]) -> int:
                              "(logged, and written to <run>/metrics-targets.json for file_sd)")
     args = parser.parse_args(argv)
     from grpo_api.jobfile import JobError
+    from grpo_api.signing import CheckpointKeyError
     from grpo_operator.local import LaunchError, run_job
     try:
         return run_job(args.job, args.overrides, metrics=args.metrics)
-    except (JobError, ValueError, OSError) as exc:    # a bad job, a missing file, an unwritable folder
+    except (JobError, ValueError, OSError, CheckpointKeyError) as exc:   # a bad job, a missing file, an unwritable folder
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except LaunchError as exc:
@@ -30,6 +32,7 @@ def run(argv: list[str]) -> int:
 
 
 def report(argv: list[str]) -> int:
+    """Plot a run's metrics (PNG) and summarise it."""
     parser = argparse.ArgumentParser(prog="grpo report", description="Plot a run's metrics (PNG) and summarise it.")
     parser.add_argument("run_dir", help="run directory, e.g. outputs/<project>/<experiment>")
     parser.add_argument("--out", default=None, help="output folder (default RUN_DIR/report)")
@@ -47,6 +50,7 @@ def report(argv: list[str]) -> int:
 
 
 def operator(argv: list[str]) -> int:
+    """Run the Kubernetes operator that turns GRPOJobs into trainer and rollout pods."""
     from grpo_operator import settings as settings_mod
     parser = argparse.ArgumentParser(
         prog="grpo operator",
@@ -62,8 +66,11 @@ def operator(argv: list[str]) -> int:
         print(f"grpo operator: {exc}", file=sys.stderr)
         return 2
 
+    import asyncio
+
     import kopf
 
+    from grpo_operator import serving
     from grpo_operator.handlers import register
     from grpo_operator.kube import Kube
     from grpo_operator.metrics import OperatorMetrics
@@ -76,10 +83,27 @@ def operator(argv: list[str]) -> int:
     metrics = OperatorMetrics()
     if settings.metrics_port:
         metrics.serve(settings.metrics_port)
-    registry = kopf.OperatorRegistry()
-    register(registry, Reconciler(Kube(field_manager=settings.field_manager), settings, metrics), settings)
-    # standalone: one replica (the chart's Deployment uses the Recreate strategy), so no
-    # peering objects and no RBAC for them.
-    kopf.run(registry=registry, standalone=True, clusterwide=not settings.namespaces,
-             namespaces=list(settings.namespaces), liveness_endpoint=settings.liveness_endpoint or None)
-    return 0
+    kube = Kube(field_manager=settings.field_manager, on_response=metrics.api_request)
+    reconciler = Reconciler(kube, settings, metrics)
+    # kopf serves the resources that exist when it starts: it runs while the GRPOJob CRD does,
+    # and starts again when the CRD comes back (serving.py).
+    while True:
+        serving.wait_until_served(kube, settings.liveness_endpoint, settings.resync_seconds)
+        # An asyncio.Event (bound to kopf's loop on first use): kopf waits for a threading.Event
+        # in an executor thread, which would keep the process from exiting after SIGTERM.
+        crd_gone = asyncio.Event()
+        registry = kopf.OperatorRegistry()
+        register(registry, reconciler, settings, stop=crd_gone)
+        try:
+            # standalone: one replica (the chart's Deployment uses the Recreate strategy), so no
+            # peering objects and no RBAC for them.
+            kopf.run(registry=registry, standalone=True, clusterwide=not settings.namespaces,
+                     namespaces=list(settings.namespaces), liveness_endpoint=settings.liveness_endpoint or None,
+                     stop_flag=crd_gone)
+        except Exception:
+            if serving.crd_served(kube):
+                raise
+            logging.getLogger("grpo.operator").warning("%s; waiting for it", serving.NOT_SERVING)
+            continue
+        if not crd_gone.is_set():
+            return 0  # SIGTERM or SIGINT

@@ -10,10 +10,17 @@ Condition types the operator sets:
     Running      all trainer pods run
     PodsPending  some pod the job waits for is not running (reason: ImagePullBackOff,
                  Unschedulable, ...); the pending deadline counts from its transition
+    Queued       the trainer Job is suspended until Kueue admits it (reason WaitingForAdmission);
+                 False (reason Admitted) once admitted
     Suspended    spec.runPolicy.suspend took effect (reason Suspending while the trainer stops)
     Succeeded    the trainer finished
     Failed       the job failed for good (reason: BackoffLimitExceeded, DeadlineExceeded, ...)
     Invalid      the spec got past the CRD schema but not the operator's validation
+    TrainerFailed  a trainer attempt failed: the Job's reason, the exit code and the end of
+                 its log (the termination message); False again, with the same message, once
+                 the next attempt runs
+    ProgressUnreadable  the operator can't read progress.json (no storage credentials, most
+                 often): why the Step, Reward and Val columns stay empty
 """
 
 from __future__ import annotations

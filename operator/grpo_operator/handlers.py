@@ -12,7 +12,8 @@ Triggers:
 - any change of a GRPOJob (spec, status, deletion);
 - any change of a trainer Job or a pod the operator manages (server-side label selector
   `app.kubernetes.io/managed-by=grpo-operator`, so the operator never streams other pods);
-- every `resync_seconds`, each known job (reads progress.json, enforces deadlines and TTL).
+- every `resync_seconds`, each known job (reads progress.json, enforces deadlines and TTL);
+- the GRPOJob CRD's deletion, seen by a watchdog that stops kopf (serving.py).
 
 Retries: kopf does not retry watch-event handlers, so a failed reconcile (an API error) is
 retried by the next event or resync, at most `resync_seconds` later (reconciler.request).
@@ -27,15 +28,17 @@ import kopf
 
 from grpo_api.spec import API_GROUP, API_VERSION, PLURAL
 
-from grpo_operator import names
+from grpo_operator import names, serving
 from grpo_operator.reconciler import Reconciler
 from grpo_operator.settings import OperatorSettings
 
 MANAGED = f"app.kubernetes.io/managed-by={names.MANAGER}"
 
 
-def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: OperatorSettings) -> None:
-    """Registers the handlers on `registry` (not kopf's global default)."""
+def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: OperatorSettings,
+             stop: asyncio.Event | None = None) -> None:
+    """Registers the handlers on `registry` (not kopf's global default). With `stop` (kopf's
+    stop flag), a watchdog sets it when the GRPOJob CRD is deleted (serving.py)."""
 
     @kopf.on.login(registry=registry)
     def login(**kwargs):
@@ -53,16 +56,22 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 60
+        # Reconciles are blocking API calls (~40 ms each on a busy API server) run in kopf's
+        # thread pool; its default (cores + 4 threads) queues a burst of new jobs behind each other.
+        settings.execution.max_workers = 32
 
     @kopf.on.startup(registry=registry)
     async def start_resync(memo: kopf.Memo, **_) -> None:
         memo["resync"] = asyncio.create_task(_resync_loop(reconciler, settings.resync_seconds))
+        if stop is not None:
+            memo["watchdog"] = asyncio.create_task(serving.watchdog(reconciler.kube, settings.resync_seconds, stop))
 
     @kopf.on.cleanup(registry=registry)
     async def stop_resync(memo: kopf.Memo, **_) -> None:
-        task = memo.get("resync")
-        if task is not None:
-            task.cancel()
+        for name in ("resync", "watchdog"):
+            task = memo.get(name)
+            if task is not None:
+                task.cancel()
 
     @kopf.on.event(API_GROUP, API_VERSION, PLURAL, registry=registry)
     def grpojob_changed(type: str | None, name: str, namespace: str, **_) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -27,6 +28,8 @@ PLURALS = {
     ("apps/v1", "Deployment"): "deployments",
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
+    ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): "podgroups",
+    ("kueue.x-k8s.io/v1beta2", "Workload"): "workloads",
     ("grpo.dev/v1alpha1", "GRPOJob"): "grpojobs",
 }
 
@@ -68,10 +71,13 @@ def load_api_client():
 
 
 class Kube:
-    def __init__(self, api_client=None, *, field_manager: str = "grpo-operator", timeout: float = 30.0):
+    def __init__(self, api_client=None, *, field_manager: str = "grpo-operator", timeout: float = 30.0,
+                 on_response: Callable[[str, int], None] | None = None):
         self.api = api_client or load_api_client()
         self.field_manager = field_manager
         self.timeout = timeout
+        self.on_response = on_response
+        """Called with (verb, HTTP status) after every call: the operator counts them."""
 
     # -- transport ------------------------------------------------------------------------
 
@@ -90,8 +96,12 @@ class Kube:
         except Exception as exc:  # noqa: BLE001 - urllib3/ssl errors: the connection, not the request
             if isinstance(exc, KubeError):
                 raise
+            if self.on_response:
+                self.on_response(method, 0)
             raise KubeError(0, "ConnectionError", str(exc)) from exc
         status = resp.status
+        if self.on_response:
+            self.on_response(method, status)
         if method == "GET" and status == 404:
             return None
         if status >= 300:
@@ -148,6 +158,15 @@ class Kube:
         """A JSON merge patch (RFC 7386): the given fields set, null ones removed."""
         self.request("PATCH", path(api_version, kind, namespace, name, sub), body=body,
                      query={"fieldManager": self.field_manager}, content_type="application/merge-patch+json")
+
+    def add_owner_reference(self, api_version: str, kind: str, namespace: str, name: str,
+                            owner: dict[str, Any]) -> None:
+        """Add an owner reference; the object's other owners stay. A strategic merge patch (built-in
+        kinds only) merges ownerReferences by uid, so doing it twice changes nothing."""
+        self.request("PATCH", path(api_version, kind, namespace, name),
+                     body={"metadata": {"ownerReferences": [owner]}},
+                     query={"fieldManager": self.field_manager},
+                     content_type="application/strategic-merge-patch+json")
 
     def patch_status(self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Set the status subresource's fields (the caller nulls the ones to remove)."""

@@ -10,6 +10,9 @@ reconciler.py observes, calls `decide` and carries the decision out.
                                  or an invalid spec (no children at all)
     runPolicy.suspend: trainer Job deleted first (it checkpoints on SIGTERM), then the rollout
     Deployment ──► Suspended; unsuspended ──► Pending, resumed from the checkpoint.
+    Kueue: while the trainer Job is suspended (created so, waiting for Kueue to admit it, or
+    suspended again when Kueue preempts it) the job is Pending with condition Queued, the
+    rollout Deployment is at zero and no deadline runs; admitted ──► as any trainer Job.
 
 Restarts are counted once per failed trainer Job: the Job is labelled with the restart count
 it was created at (`grpo.dev/attempt`), so a failure already counted (the operator died
@@ -41,6 +44,8 @@ class TrainerJob:
     deleting: bool = False
     reason: str = ""
     message: str = ""
+    suspended: bool = False
+    """spec.suspend: not admitted (by Kueue) yet, or preempted."""
 
 
 def trainer_job_state(obj: dict[str, Any]) -> TrainerJob:
@@ -58,7 +63,8 @@ def trainer_job_state(obj: dict[str, Any]) -> TrainerJob:
             outcome = "succeeded"
         elif c.get("type") == "Failed":
             outcome, reason, message = "failed", c.get("reason", ""), c.get("message", "")
-    return TrainerJob(attempt, outcome, bool(meta.get("deletionTimestamp")), reason, message)
+    return TrainerJob(attempt, outcome, bool(meta.get("deletionTimestamp")), reason, message,
+                      suspended=bool((obj.get("spec") or {}).get("suspend")))
 
 
 @dataclass(frozen=True)
@@ -70,8 +76,14 @@ class Observed:
     """spec.replicas of the rollout Deployment; None when there is none."""
     progress: Progress | None = None
     """progress.json as just read; None when not read this time (the status keeps the last)."""
+    progress_read: bool = False
+    """Whether progress.json was read this time."""
+    progress_error: str | None = None
+    """Why it couldn't be read (storage the operator has no access to); None when it could."""
     children_applied: bool = False
     """Whether this operator process applied the children at this generation already."""
+    kueue_message: str | None = None
+    """Why Kueue doesn't admit the suspended trainer Job (its Workload's QuotaReserved message)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +100,10 @@ class Decision:
     create_trainer: int | None = None
     """Create the trainer Job with this attempt number."""
     delete_trainer: bool = False
+    keep_pods: tuple[str, ...] = ()
+    """A failed attempt's trainer pods, to keep (for `kubectl logs`) when the Job is deleted."""
+    delete_pods: tuple[str, ...] = ()
+    """Kept pods of earlier attempts, to delete now that the next attempt runs."""
     rollout_replicas: int | None = None
     """Apply the rollout Deployment with these replicas."""
     delete_rollout: bool = False
@@ -140,6 +156,8 @@ def decide(job: GRPOJob | None, errors: list[str], status: GRPOJobStatus, obs: O
     s = _Draft(status, now)
     if obs.progress is not None:
         s.progress = obs.progress
+    if obs.progress_read:
+        _progress_readable(s, obs.progress_error)
     if errors:
         _invalid(s, errors, obs)
     elif s.phase in TERMINAL:
@@ -155,6 +173,20 @@ def decide(job: GRPOJob | None, errors: list[str], status: GRPOJobStatus, obs: O
             s.d.delete_job = True
             s.event("Normal", "TTLExpired", f"deleting the job {ttl}s after it finished (runPolicy.ttlSecondsAfterFinished)")
     return s.decision(obs.generation)
+
+
+def _progress_readable(s: _Draft, error: str | None) -> None:
+    """Step, Reward and Val come from progress.json: say why they stay empty."""
+    if error is None:
+        if cond.find(s.conditions, "ProgressUnreadable"):
+            s.set("ProgressUnreadable", False, "ProgressRead", "")
+        return
+    message = (f"the operator can't read the job's progress.json, so Step, Reward and Val stay empty: {error}. "
+               f"Give the operator read access to spec.storage (Helm values operator.storageCredentialsSecret, "
+               f"or operator.readStorageSecrets=true to use spec.storage.secretRef)")
+    if not cond.is_true(s.conditions, "ProgressUnreadable"):
+        s.event("Warning", "ProgressUnreadable", message)
+    s.set("ProgressUnreadable", True, "StorageUnreadable", message)
 
 
 def _trainer_finished(obs: Observed) -> bool:
@@ -205,7 +237,11 @@ def _run(s: _Draft, job: GRPOJob, obs: Observed, old: GRPOJobStatus) -> None:
         s.set("Suspended", False, "Resumed", "")
         s.start_time = None  # as a Kubernetes Job's: the active deadline counts from the resume
         s.phase = Phase.Pending
-    replicas = job.spec.rollout.replicas
+    t = obs.trainer
+    queued = names.queue_name(job) is not None
+    waiting = (t is None and queued) or (t is not None and not t.deleting and t.suspended)
+    # The rollout servers start once the trainer is admitted: a queued job holds no GPUs.
+    replicas = 0 if waiting else job.spec.rollout.replicas
     if obs.generation != old.observed_generation or not obs.children_applied:
         s.d.apply_children = True
         s.d.rollout_replicas = replicas
@@ -213,30 +249,45 @@ def _run(s: _Draft, job: GRPOJob, obs: Observed, old: GRPOJobStatus) -> None:
     if obs.rollout_replicas != replicas:
         s.d.rollout_replicas = replicas
 
-    t = obs.trainer
     waiting_phase = Phase.Restarting if s.restarts else Phase.Pending
     if t is None or t.deleting:
         if t is None:
             s.d.create_trainer = s.restarts
-            s.start_time = s.start_time or cond.fmt_time(s.now)
+            s.start_time = None if queued else s.start_time or cond.fmt_time(s.now)
         s.phase = waiting_phase
-        s.set("Running", False, s.phase.value, "waiting for the trainer Job")
-        _pods_pending(s, True, obs)
+        if waiting:
+            _wait_for_admission(s, job, obs)
+        else:
+            s.set("Running", False, s.phase.value, "waiting for the trainer Job")
+            _pods_pending(s, True, obs)
     elif t.outcome == "succeeded":
         s.d.rollout_replicas = 0
         s.finish(Phase.Succeeded, "TrainerSucceeded", "the trainer finished")
         return
     elif t.outcome == "failed":
-        _trainer_failed(s, job, t)
+        _trainer_failed(s, job, t, obs)
         if s.phase in TERMINAL:
             if obs.rollout_replicas:
                 s.d.rollout_replicas = 0
             return
+    elif t.suspended:
+        s.phase = waiting_phase
+        _wait_for_admission(s, job, obs)
     else:
+        if cond.is_true(s.conditions, "Queued"):
+            s.set("Queued", False, "Admitted", "the trainer Job was admitted")
+            s.event("Normal", "Admitted", "the trainer Job was admitted: starting the trainer and rollout pods")
+        s.start_time = s.start_time or cond.fmt_time(s.now)
         running = obs.pods.trainer_running >= job.spec.trainer.nnodes
         rollout_ok = replicas == 0 or obs.pods.rollout_running > 0
         if running and s.phase != Phase.Running:
             s.event("Normal", "Running", f"all {job.spec.trainer.nnodes} trainer pod(s) run")
+        if running:
+            s.d.delete_pods = obs.pods.old_trainer
+            last = cond.find(s.conditions, "TrainerFailed")
+            if last is not None and last.status == "True":
+                s.set("TrainerFailed", False, "TrainerRunning", f"attempt {s.restarts} runs; the last failure: "
+                      f"{last.message}")
         s.phase = Phase.Running if running else waiting_phase
         s.set("Running", running, "TrainerRunning" if running else "PodsNotRunning",
               "" if running else "waiting for the trainer pods to run")
@@ -244,15 +295,38 @@ def _run(s: _Draft, job: GRPOJob, obs: Observed, old: GRPOJobStatus) -> None:
     _deadlines(s, job, obs)
 
 
-def _trainer_failed(s: _Draft, job: GRPOJob, t: TrainerJob) -> None:
+def _wait_for_admission(s: _Draft, job: GRPOJob, obs: Observed) -> None:
+    """The trainer Job is suspended until Kueue admits it: no pods, so nothing is pending and no
+    deadline runs; as a Kubernetes Job's, the active deadline counts from the admission."""
+    queue = names.queue_name(job)
+    by = f"Kueue LocalQueue {queue!r}" if queue else "the admission controller that suspended it (Kueue?)"
+    message = f"the trainer Job waits for {by} to admit it; the rollout servers start then"
+    if obs.kueue_message:
+        message += f". Kueue: {obs.kueue_message}"
+    if not cond.is_true(s.conditions, "Queued"):
+        s.event("Normal", "WaitingForAdmission", message)
+    s.start_time = None
+    s.set("Queued", True, "WaitingForAdmission", message)
+    s.set("Running", False, "WaitingForAdmission", message)
+    if cond.find(s.conditions, "PodsPending"):
+        s.set("PodsPending", False, "WaitingForAdmission", "")
+
+
+def _trainer_failed(s: _Draft, job: GRPOJob, t: TrainerJob, obs: Observed) -> None:
     limit = job.spec.run_policy.backoff_limit
     detail = f"{t.reason}: {t.message}" if t.message else (t.reason or "failed")
+    if obs.pods.trainer_exits:  # what the trainer said last: the end of its log
+        detail += "; " + obs.pods.trainer_exits[0].describe()
+    if t.attempt >= s.restarts:  # not counted (and said) before the operator restarted
+        s.set("TrainerFailed", True, t.reason or "Failed", f"attempt {t.attempt}: {detail}")
     if t.attempt < s.restarts:
         s.d.delete_trainer = True  # counted before the operator restarted; only replace it
+        s.d.keep_pods = obs.pods.trainer_finished
         s.phase = Phase.Restarting
     elif s.restarts < limit:
         s.restarts += 1
         s.d.delete_trainer = True
+        s.d.keep_pods = obs.pods.trainer_finished
         s.phase = Phase.Restarting
         s.set("Running", False, "TrainerFailed", detail)
         s.event("Warning", "TrainerFailed",

@@ -1,11 +1,13 @@
 """The local launcher: `grpo run JOB.yaml` turns a GRPOJob into local processes instead of pods.
 
 `rollout.replicas` rollout servers on loopback and a torchrun trainer with
-`trainer.nprocPerNode` ranks, sharing `file://` storage (default ./outputs/<project>/<experiment>)
-and a fresh RPC token. The launcher supervises them: a rollout server that dies is restarted on
-its port (the trainer re-dispatches its shard and re-syncs its weights); Ctrl-C, SIGTERM or a
-trainer failure stops every child, so no process or port outlives the run. The exit code is the
-trainer's (130 after Ctrl-C).
+`trainer.nprocPerNode` ranks, sharing `file://` storage (default ./outputs/<project>/<experiment>),
+a fresh RPC token and TLS certificate (the rollout servers serve TLS on loopback; the trainer
+trusts only this launch's CA), and the run's checkpoint key (`<run>/checkpoint.key`, 0600: the
+trainer signs its checkpoints with it). The launcher supervises them: a rollout server that
+dies is restarted on its port (the trainer re-dispatches its shard and re-syncs its weights);
+Ctrl-C, SIGTERM or a trainer failure stops every child, so no process or port outlives the run.
+The exit code is the trainer's (130 after Ctrl-C).
 
 `grpo run --metrics` gives the trainer (rank 0) and each rollout server a fixed free Prometheus
 port (a restarted server keeps its port), logs them and writes `<run>/metrics-targets.json`, a
@@ -153,6 +155,24 @@ def preflight(job: GRPOJob) -> None:
                 raise FileNotFoundError(f"spec.data.{field}[{i}]: {uri} not found")
 
 
+def _run_secrets(root: Path):
+    """A fresh RPC token and TLS certificate for this launch (loopback), and the run's checkpoint
+    key (`<run>/checkpoint.key`, made once, so a re-run resumes). Returns the client's auth, the
+    rollout servers' environment and the trainer's: the servers never get the checkpoint key, and
+    nothing of the same names inherited from this shell is passed on."""
+    from grpo_api import rpc, signing
+    from grpo_operator.pki import make_job_tls
+    token, tls = secrets.token_hex(16), make_job_tls("grpo-run", ["localhost"], ["127.0.0.1"])
+    key = signing.key_file(root / signing.KEY_FILE, create=True)
+    ours = {rpc.TOKEN_ENV, rpc.TOKEN_FILE_ENV, rpc.TLS_CA_ENV, rpc.TLS_SERVER_NAME_ENV, rpc.TLS_CERT_ENV,
+            rpc.TLS_KEY_ENV, signing.KEY_ENV}
+    base = {k: v for k, v in os.environ.items() if k not in ours}
+    base.update({rpc.TOKEN_ENV: token, "PYTHONUNBUFFERED": "1"})
+    rollout_env = {**base, rpc.TLS_CERT_ENV: tls.cert, rpc.TLS_KEY_ENV: tls.key}
+    trainer_env = {**base, rpc.TLS_CA_ENV: tls.ca_cert, rpc.TLS_SERVER_NAME_ENV: "localhost", signing.KEY_ENV: key}
+    return rpc.ClientAuth(token, tls.ca_cert.encode(), "localhost"), rollout_env, trainer_env
+
+
 @dataclass
 class Child:
     name: str
@@ -196,7 +216,7 @@ class LocalRun:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.spec_path = self.root / "job.yaml"
         self.spec_path.write_text(dump_job(job))
-        self.env = {**os.environ, "GRPO_RPC_TOKEN": secrets.token_hex(16), "PYTHONUNBUFFERED": "1"}
+        self.client_auth, self.rollout_env, self.trainer_env = _run_secrets(self.root)
         self.rollout_ports = [free_port() for _ in range(job.spec.rollout.replicas)]
         # Prometheus ports (--metrics): the trainer's, one per rollout server. Without it the trainer
         # serves none and each rollout server picks any free port (0), as before.
@@ -232,7 +252,7 @@ class LocalRun:
         from grpo_api.rpc import rollout_stub
         deadline = time.monotonic() + timeout
         for child, port in zip(self.rollouts, self.rollout_ports):
-            stub = rollout_stub(f"127.0.0.1:{port}", self.env["GRPO_RPC_TOKEN"])
+            stub = rollout_stub(f"127.0.0.1:{port}", self.client_auth)
             while True:
                 if child.proc.poll() is not None:
                     raise LaunchError(f"{child.name} exited with {child.proc.returncode}: "
@@ -259,9 +279,9 @@ class LocalRun:
             log.info("Launching %d rollout server(s) (%s engine, n=%d per prompt)...", len(self.rollouts),
                      self.job.spec.rollout.engine, self.job.spec.rollout.n)
             for child in self.rollouts:
-                child.start(self.env)
+                child.start(self.rollout_env)
             self._wait_ready()
-            self.trainer.start(self.env)
+            self.trainer.start(self.trainer_env)
             return self._supervise()
         except KeyboardInterrupt:
             log.warning("Interrupted: stopping every process (re-run to resume from the last checkpoint)")
@@ -287,7 +307,7 @@ class LocalRun:
                     child.restarts += 1
                     log.warning("%s exited with %s; restarting it (%d/%d)", child.name, child.proc.returncode,
                                 child.restarts, MAX_ROLLOUT_RESTARTS)
-                    child.start(self.env)
+                    child.start(self.rollout_env)
             time.sleep(0.5)
 
     def stop_all(self) -> None:

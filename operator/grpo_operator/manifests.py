@@ -1,14 +1,20 @@
-"""The children of a GRPOJob as plain manifests (DESIGN.md §4). Pure functions: no I/O, the same
+"""The children of a GRPOJob as plain manifests (docs/ARCHITECTURE.md §4). Pure functions: no I/O, the same
 input always gives the same dict; handlers.py applies them.
 
     <job>-spec      ConfigMap   the resolved spec; the pods read it at /etc/grpo/job.yaml
-    <job>-rpc       Secret      the per-job gRPC token (created once, never re-applied)
+    <job>-rpc       Secret      the per-job gRPC token, TLS CA and server certificate, and
+                                checkpoint key (created once, never re-applied)
     <job>-trainer   Service     headless; the trainer pods' subdomain (rendezvous at index 0)
     <job>-trainer   Job         Indexed: one pod per node, pod index = torchrun node rank
     <job>-rollout   Deployment  rollout servers
     <job>-rollout   Service     headless; the trainer re-resolves it every step
-    <job>-rollout   NetworkPolicy
+    <job>-rollout   NetworkPolicy  who reaches the rollout pods
+    <job>-trainer   NetworkPolicy  who reaches the trainer pods (c10d, NCCL, metrics)
     <job>           PodMonitor  when the monitoring.coreos.com CRDs exist
+    <job>-trainer   PodGroup    with spec.runPolicy.schedulingPolicy (gang scheduling)
+
+Kueue: a GRPOJob labelled `kueue.x-k8s.io/queue-name` gets a trainer Job created suspended,
+with that label, for Kueue's batch/Job integration to admit (docs/ARCHITECTURE.md §4).
 
 torchrun is wired the way Kubeflow Trainer and JobSet wire it: a static rendezvous at node 0's
 stable DNS name, with both the flags and the PET_* variables torchrun reads.
@@ -22,12 +28,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from grpo_api import signing
 from grpo_api.jobfile import dump_job
-from grpo_api.rpc import TOKEN_ENV
+from grpo_api.rpc import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, TLS_SERVER_NAME_ENV, TOKEN_ENV
 from grpo_api.spec import GRPOJob, ObjectMeta
 
 from grpo_operator import names
 from grpo_operator.names import GRPC_PORT, MASTER_PORT, METRICS_PORT, ROLLOUT, SPEC_DIR, SPEC_PATH, TRAINER
+from grpo_operator.pki import JobTLS
 from grpo_operator.settings import OperatorSettings
 from grpo_operator.templates import merge_pod_template
 
@@ -59,13 +67,16 @@ def build_config_map(job: GRPOJob, settings: OperatorSettings) -> dict[str, Any]
             "data": {names.SPEC_KEY: dump_job(pod_job(job))}}
 
 
-def build_rpc_secret(job: GRPOJob, settings: OperatorSettings, *, token: str) -> dict[str, Any]:
-    """The token is an argument (kept pure); handlers.py makes it with `secrets.token_hex` and
-    creates the Secret once: it is never re-applied, so running pods keep a valid token."""
+def build_rpc_secret(job: GRPOJob, settings: OperatorSettings, *, token: str, checkpoint_key: str,
+                     tls: JobTLS) -> dict[str, Any]:
+    """The secrets are arguments (kept pure); the reconciler makes them (`secrets.token_hex`,
+    `grpo_api.signing.new_key`, `pki.make_job_tls`) and creates the Secret once: it is never
+    re-applied, so running pods keep a valid token, certificate and key."""
     m = job.metadata
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
             "metadata": _meta(job, names.secret_name(m.name), "rpc"),
-            "stringData": {names.TOKEN_KEY: token}}
+            "stringData": {names.TOKEN_KEY: token, names.CHECKPOINT_KEY_KEY: checkpoint_key,
+                           names.CA_CERT_KEY: tls.ca_cert, names.TLS_CERT_KEY: tls.cert, names.TLS_KEY_KEY: tls.key}}
 
 
 # --- services --------------------------------------------------------------------------------
@@ -104,10 +115,28 @@ def _security(settings: OperatorSettings) -> tuple[dict, dict]:
     return pod, container
 
 
-def _common_env(job: GRPOJob) -> list[dict[str, Any]]:
+def _from_secret(job: GRPOJob, env: str, key: str) -> dict[str, Any]:
+    return {"name": env, "valueFrom": {"secretKeyRef": {"name": names.secret_name(job.metadata.name), "key": key}}}
+
+
+def _trainer_secrets(job: GRPOJob) -> list[dict[str, Any]]:
+    """The trainer verifies the rollout servers against the job's CA (it dials pod IPs: the
+    name to check is the Service's) and signs and verifies checkpoints with the job's key."""
     m = job.metadata
+    return [_from_secret(job, TLS_CA_ENV, names.CA_CERT_KEY),
+            {"name": TLS_SERVER_NAME_ENV, "value": names.rollout_dns_names(m.name, m.namespace)[0]},
+            _from_secret(job, signing.KEY_ENV, names.CHECKPOINT_KEY_KEY)]
+
+
+def _rollout_secrets(job: GRPOJob) -> list[dict[str, Any]]:
+    """The rollout servers serve TLS; they never get the checkpoint key (they run the user's
+    reward code, and could otherwise sign a checkpoint)."""
+    return [_from_secret(job, TLS_CERT_ENV, names.TLS_CERT_KEY), _from_secret(job, TLS_KEY_ENV, names.TLS_KEY_KEY)]
+
+
+def _common_env(job: GRPOJob) -> list[dict[str, Any]]:
     env = [
-        {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": names.secret_name(m.name), "key": names.TOKEN_KEY}}},
+        _from_secret(job, TOKEN_ENV, names.TOKEN_KEY),
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
@@ -117,6 +146,15 @@ def _common_env(job: GRPOJob) -> list[dict[str, Any]]:
                               ("AWS_SESSION_TOKEN", True)):
             env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": optional}}})
     return env
+
+
+def _tracker_env_from(job: GRPOJob) -> dict[str, Any]:
+    """The wandb/mlflow credentials and endpoints, every key of the job's Secret as a variable
+    of the trainer (only rank 0 logs, but every node runs the same pod). By reference: the values
+    never pass through the spec, the ConfigMap or the status. Explicit `env` wins over `envFrom`,
+    so such a Secret can't rewire the pods."""
+    secret = job.spec.trainer.tracker_secret_ref
+    return {"envFrom": [{"secretRef": {"name": secret}}]} if secret else {}
 
 
 def _resources(base: dict[str, Any], gpus: int, settings: OperatorSettings) -> dict[str, Any]:
@@ -135,6 +173,9 @@ def _pod_template(job: GRPOJob, settings: OperatorSettings, role: str, container
     container = {
         **container,
         "imagePullPolicy": settings.image_pull_policy,
+        # A crash's last log lines become the termination message: the operator copies it into
+        # the job's event and condition, which outlive the pod.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_security,
         "volumeMounts": [{"name": _SPEC_VOLUME, "mountPath": SPEC_DIR, "readOnly": True},
                          {"name": _SHM_VOLUME, "mountPath": "/dev/shm"}],
@@ -195,28 +236,43 @@ def _torchrun_env(job: GRPOJob) -> list[dict[str, Any]]:
     ]
 
 
+def _gang(job: GRPOJob, settings: OperatorSettings) -> tuple[dict[str, str], dict[str, Any]]:
+    """The trainer pods' pod-group label and scheduler fields when they are gang-scheduled."""
+    policy = job.spec.run_policy.scheduling_policy
+    if policy is None:
+        return {}, {}
+    spec: dict[str, Any] = {"schedulerName": settings.gang_scheduler_name}
+    if policy.priority_class:
+        spec["priorityClassName"] = policy.priority_class
+    return {names.POD_GROUP_LABEL: names.trainer_name(job.metadata.name)}, spec
+
+
 def build_trainer_job(job: GRPOJob, settings: OperatorSettings, *, attempt: int = 0) -> dict[str, Any]:
     """The Indexed Job. backoffLimit 0: the operator owns restarts (runPolicy.backoffLimit),
     each one a fresh Job resuming from the latest checkpoint. `attempt` (the restarts so far)
-    labels the Job and its pods."""
+    labels the Job and its pods. Queued in Kueue (a queue-name label), it is created suspended:
+    Kueue unsuspends it when it admits it."""
     m, t = job.metadata, job.spec.trainer
     name = names.trainer_name(m.name)
     attempt_label = {names.ATTEMPT_LABEL: str(attempt)}
+    gang_labels, gang_spec = _gang(job, settings)
     container = {
         "name": TRAINER,
         "image": settings.trainer_image,
         "command": ["torchrun"],
         "args": torchrun_args(job),
-        "env": [*_torchrun_env(job), *_common_env(job)],
+        "env": [*_torchrun_env(job), *_common_env(job), *_trainer_secrets(job)],
+        **_tracker_env_from(job),
         "ports": [{"name": "c10d", "containerPort": MASTER_PORT, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "resources": _resources(settings.trainer_resources, trainer_gpus(job), settings),
     }
     template = _pod_template(job, settings, TRAINER, container,
                              grace=settings.trainer_termination_grace_seconds, override=t.template,
-                             extra_labels=attempt_label, restartPolicy="Never", subdomain=name)
+                             extra_labels={**attempt_label, **gang_labels}, restartPolicy="Never",
+                             subdomain=name, **gang_spec)
     meta = _meta(job, name, TRAINER)
-    meta["labels"].update(attempt_label)
+    meta["labels"].update({**attempt_label, **names.kueue_labels(job)})
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": {
         "completionMode": "Indexed",
         "completions": t.nnodes,
@@ -231,6 +287,7 @@ def build_trainer_job(job: GRPOJob, settings: OperatorSettings, *, attempt: int 
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         ]},
         "template": template,
+        **({"suspend": True} if names.queue_name(job) is not None else {}),
     }}
 
 
@@ -245,7 +302,7 @@ def build_rollout_deployment(job: GRPOJob, settings: OperatorSettings, *, replic
         "command": ["grpo"],
         "args": ["rollout", "--spec", SPEC_PATH, "--port", str(GRPC_PORT), "--metrics-port", str(METRICS_PORT),
                  "--worker-id", "$(POD_NAME)"],
-        "env": _common_env(job),
+        "env": [*_common_env(job), *_rollout_secrets(job)],
         "ports": [{"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "resources": _resources(settings.rollout_resources, rollout_gpus(job), settings),
@@ -254,6 +311,14 @@ def build_rollout_deployment(job: GRPOJob, settings: OperatorSettings, *, replic
         # its metrics port.
         "readinessProbe": {"httpGet": {"path": "/ready", "port": "metrics"},
                            "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3},
+        # Liveness waits until the server first got ready: loading a large model may take an hour.
+        "startupProbe": {"httpGet": {"path": "/ready", "port": "metrics"},
+                         "periodSeconds": 10, "timeoutSeconds": 3, "failureThreshold": 360},
+        # A Generate call still in flight after twice the trainer's request timeout (the trainer
+        # gave up on it long ago) means the engine hangs: restart the server.
+        "livenessProbe": {"httpGet": {"path": f"/live?stuckAfterSeconds={2 * r.request_timeout_seconds:g}",
+                                      "port": "metrics"},
+                          "periodSeconds": 30, "timeoutSeconds": 5, "failureThreshold": 2},
     }
     template = _pod_template(job, settings, ROLLOUT, container,
                              grace=settings.rollout_termination_grace_seconds, override=r.template)
@@ -277,13 +342,9 @@ def build_network_policy(job: GRPOJob, settings: OperatorSettings) -> dict[str, 
     m = job.metadata
     trainer = {"podSelector": {"matchLabels": names.selector(m.name, TRAINER)}}
     rollout = {"podSelector": {"matchLabels": names.selector(m.name, ROLLOUT)}}
-    if settings.metrics_namespace:
-        scrapers = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": settings.metrics_namespace}}}
-    else:
-        scrapers = {"podSelector": {}}
     ingress = [
         {"from": [trainer], "ports": [{"protocol": "TCP", "port": GRPC_PORT}]},
-        {"from": [scrapers], "ports": [{"protocol": "TCP", "port": METRICS_PORT}]},
+        {"from": [_scrapers(settings)], "ports": [{"protocol": "TCP", "port": METRICS_PORT}]},
     ]
     if job.spec.weight_sync.backend == "nccl":
         ingress.append({"from": [trainer, rollout]})
@@ -291,6 +352,29 @@ def build_network_policy(job: GRPOJob, settings: OperatorSettings) -> dict[str, 
             "metadata": _meta(job, names.rollout_name(m.name), ROLLOUT),
             "spec": {"podSelector": {"matchLabels": names.selector(m.name, ROLLOUT)},
                      "policyTypes": ["Ingress"], "ingress": ingress}}
+
+
+def build_trainer_network_policy(job: GRPOJob, settings: OperatorSettings) -> dict[str, Any]:
+    """Ingress to the trainer pods: from each other (torchrun's c10d rendezvous and NCCL between
+    nodes use any port), from the job's rollout pods with the nccl weight sync (they join the
+    trainer's collective), and the metrics port from the scrapers. Nothing else reaches c10d."""
+    m = job.metadata
+    trainer = {"podSelector": {"matchLabels": names.selector(m.name, TRAINER)}}
+    peers = [trainer]
+    if job.spec.weight_sync.backend == "nccl":
+        peers.append({"podSelector": {"matchLabels": names.selector(m.name, ROLLOUT)}})
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _meta(job, names.trainer_name(m.name), TRAINER),
+            "spec": {"podSelector": {"matchLabels": names.selector(m.name, TRAINER)},
+                     "policyTypes": ["Ingress"],
+                     "ingress": [{"from": peers},
+                                 {"from": [_scrapers(settings)], "ports": [{"protocol": "TCP", "port": METRICS_PORT}]}]}}
+
+
+def _scrapers(settings: OperatorSettings) -> dict[str, Any]:
+    if settings.metrics_namespace:
+        return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": settings.metrics_namespace}}}
+    return {"podSelector": {}}
 
 
 def build_pod_monitor(job: GRPOJob, settings: OperatorSettings) -> dict[str, Any]:
@@ -310,6 +394,18 @@ def build_pod_monitor(job: GRPOJob, settings: OperatorSettings) -> dict[str, Any
     }}
 
 
+def build_pod_group(job: GRPOJob, settings: OperatorSettings) -> dict[str, Any]:
+    """scheduler-plugins' coscheduling PodGroup of the trainer pods: the scheduler binds none of
+    them until all trainer.nnodes fit, so a multi-node trainer never holds half its GPUs."""
+    m = job.metadata
+    spec: dict[str, Any] = {"minMember": job.spec.trainer.nnodes}
+    timeout = job.spec.run_policy.scheduling_policy.schedule_timeout_seconds
+    if timeout is not None:
+        spec["scheduleTimeoutSeconds"] = timeout
+    return {"apiVersion": names.POD_GROUP_API, "kind": "PodGroup",
+            "metadata": _meta(job, names.trainer_name(m.name), TRAINER), "spec": spec}
+
+
 def build_children(job: GRPOJob, settings: OperatorSettings, *, pod_monitor: bool) -> list[dict[str, Any]]:
     """Every child that is applied as-is whenever the spec changes (not the token Secret, which
     is created once; not the trainer Job and rollout Deployment, whose life the lifecycle
@@ -317,7 +413,9 @@ def build_children(job: GRPOJob, settings: OperatorSettings, *, pod_monitor: boo
     children = [build_config_map(job, settings), build_trainer_service(job, settings),
                 build_rollout_service(job, settings)]
     if settings.network_policy:
-        children.append(build_network_policy(job, settings))
+        children += [build_network_policy(job, settings), build_trainer_network_policy(job, settings)]
     if pod_monitor:
         children.append(build_pod_monitor(job, settings))
+    if job.spec.run_policy.scheduling_policy is not None:
+        children.append(build_pod_group(job, settings))
     return children

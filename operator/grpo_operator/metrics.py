@@ -1,10 +1,12 @@
-"""The operator's own Prometheus metrics (DESIGN.md §7), on their own registry (no global state).
+"""The operator's own Prometheus metrics (docs/ARCHITECTURE.md §7), on their own registry (no global state).
 
     grpo_operator_jobs{namespace,phase}                    GRPOJobs by phase (at scrape time)
     grpo_operator_reconcile_duration_seconds{trigger}      one reconcile, observe to act
     grpo_operator_reconcile_errors_total{kind}             failed reconciles (transient/permanent)
     grpo_operator_trainer_restarts_total{namespace,job}    trainer Jobs replaced after a failure
     grpo_operator_transitions_total{namespace,phase}       jobs entering a phase
+    grpo_operator_api_requests_total{verb,code}            the reconciler's Kubernetes API calls
+                                                           (kopf's watches not included)
 
 The dashboards (charts/grpo-operator/dashboards/operator.json) use exactly these names.
 
@@ -29,7 +31,8 @@ RECONCILE_SECONDS = "grpo_operator_reconcile_duration_seconds"
 RECONCILE_ERRORS = "grpo_operator_reconcile_errors_total"
 RESTARTS = "grpo_operator_trainer_restarts_total"
 TRANSITIONS = "grpo_operator_transitions_total"
-METRIC_NAMES = (JOBS, RECONCILE_SECONDS, RECONCILE_ERRORS, RESTARTS, TRANSITIONS)
+API_REQUESTS = "grpo_operator_api_requests_total"
+METRIC_NAMES = (JOBS, RECONCILE_SECONDS, RECONCILE_ERRORS, RESTARTS, TRANSITIONS, API_REQUESTS)
 ERROR_KINDS = ("transient", "permanent", "bug")   # reconciler.Reconciler._timed's kinds
 
 
@@ -53,7 +56,13 @@ class OperatorMetrics:
         self.transitions = Counter(
             TRANSITIONS, "GRPOJobs entering a phase.",
             ["namespace", "phase"], registry=self.registry)
+        self.api_requests = Counter(
+            API_REQUESTS, "Kubernetes API calls of the reconciler, by verb and HTTP status (0: no answer).",
+            ["verb", "code"], registry=self.registry)
         self.registry.register(_PhaseCollector(self))
+
+    def api_request(self, verb: str, code: int) -> None:
+        self.api_requests.labels(verb=verb, code=str(code)).inc()
 
     def set_phase(self, namespace: str, name: str, phase: str) -> None:
         with self._lock:

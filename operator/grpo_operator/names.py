@@ -1,4 +1,4 @@
-"""Names, labels, ports and owner references of a GRPOJob's children (DESIGN.md §4).
+"""Names, labels, ports and owner references of a GRPOJob's children (docs/ARCHITECTURE.md §4).
 
 Names are deterministic (`<job>-spec`, `<job>-trainer`, ...): a restarted operator finds what
 it created before instead of creating it twice. Every child carries the same labels, so one
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_api.spec import API_GROUP, API_VERSION, KIND
+from grpo_api.spec import API_GROUP, API_VERSION, KIND, GRPOJob
 
 MANAGER = "grpo-operator"
 JOB_LABEL = "grpo.dev/job"
@@ -20,10 +20,23 @@ counted once even when the operator dies between counting it and replacing the J
 
 TRAINER, ROLLOUT = "trainer", "rollout"
 
+KUEUE_LABELS = ("kueue.x-k8s.io/queue-name", "kueue.x-k8s.io/priority-class")
+"""Kueue's labels, passed from the GRPOJob to its trainer Job as Kueue's own integrations pass
+them from the parent: the LocalQueue that admits the trainer, and its WorkloadPriorityClass."""
+POD_GROUP_API = "scheduling.x-k8s.io/v1alpha1"
+POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+"""scheduler-plugins' coscheduling: the trainer pods' PodGroup (named like the trainer Job)."""
+
 SPEC_DIR = "/etc/grpo"
 SPEC_KEY = "job.yaml"
 SPEC_PATH = f"{SPEC_DIR}/{SPEC_KEY}"
 TOKEN_KEY = "token"
+# The rest of the job's Secret: the trainer gets the checkpoint key and the CA, the rollout
+# servers their certificate and its key; neither gets the other's.
+CHECKPOINT_KEY_KEY = "checkpoint-key"
+CA_CERT_KEY = "ca.crt"
+TLS_CERT_KEY = "tls.crt"
+TLS_KEY_KEY = "tls.key"
 
 GRPC_PORT = 50051
 METRICS_PORT = 9090
@@ -60,6 +73,14 @@ def rollout_address(job: str, namespace: str) -> str:
     return f"dns:///{rollout_name(job)}.{namespace}.svc.cluster.local:{GRPC_PORT}"
 
 
+def rollout_dns_names(job: str, namespace: str) -> list[str]:
+    """The names of the rollout Service, short to fully qualified: its servers' certificate is
+    for all of them. The first is what the trainer checks (independent of the cluster domain)."""
+    service = rollout_name(job)
+    return [f"{service}.{namespace}.svc", service, f"{service}.{namespace}",
+            f"{service}.{namespace}.svc.cluster.local"]
+
+
 def labels(job: str, component: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "grpojob",
@@ -71,17 +92,28 @@ def labels(job: str, component: str) -> dict[str, str]:
     }
 
 
+def kueue_labels(job: GRPOJob | dict[str, Any]) -> dict[str, str]:
+    """The Kueue labels among a GRPOJob's own (of the parsed job, or of the API object's metadata)."""
+    meta = (job.get("metadata") or {}) if isinstance(job, dict) else (job.metadata.model_extra or {})
+    return {k: v for k, v in (meta.get("labels") or {}).items() if k in KUEUE_LABELS}
+
+
+def queue_name(job: GRPOJob) -> str | None:
+    """The Kueue LocalQueue that admits the job's trainer; None: no queueing."""
+    return kueue_labels(job).get(KUEUE_LABELS[0])
+
+
 def selector(job: str, role: str) -> dict[str, str]:
     """Selector labels of a workload: only labels that never change for the job's life."""
     return {JOB_LABEL: job, ROLE_LABEL: role}
 
 
-def owner_reference(name: str, uid: str) -> dict[str, Any]:
+def owner_reference(name: str, uid: str, *, controller: bool = True) -> dict[str, Any]:
     """Makes the GRPOJob the controller of a child: deleting the job deletes the child (the
     garbage collector), and `blockOwnerDeletion` keeps a foreground deletion of the job waiting
-    for it."""
+    for it. `controller=False` for an object another controller owns (a kept trainer pod)."""
     return {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "name": name, "uid": uid,
-            "controller": True, "blockOwnerDeletion": True}
+            "controller": controller, "blockOwnerDeletion": True}
 
 
 def metadata(job: str, namespace: str, uid: str, name: str, component: str) -> dict[str, Any]:

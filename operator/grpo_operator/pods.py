@@ -29,6 +29,22 @@ class PodProblem:
 
 
 @dataclass(frozen=True)
+class PodExit:
+    """A trainer container that exited with an error: its code and the end of its termination
+    message (with `terminationMessagePolicy: FallbackToLogsOnError`, the end of its log)."""
+
+    pod: str
+    exit_code: int
+    reason: str
+    message: str
+
+    def describe(self, max_chars: int = 700) -> str:
+        tail = self.message.strip()[-max_chars:]
+        head = f"pod {self.pod} exited with code {self.exit_code}" + (f" ({self.reason})" if self.reason else "")
+        return f"{head}: {tail}" if tail else head
+
+
+@dataclass(frozen=True)
 class PodsView:
     trainer_running: int = 0
     """Trainer pods of the current attempt in phase Running (or already Succeeded)."""
@@ -36,6 +52,12 @@ class PodsView:
     """Rollout pods in phase Running."""
     problems: tuple[PodProblem, ...] = ()
     """Pending pods of the job with the reason they are stuck (generic 'Pending' last)."""
+    trainer_exits: tuple[PodExit, ...] = ()
+    """Trainer containers of the current attempt that exited with an error, node rank 0 first."""
+    trainer_finished: tuple[str, ...] = ()
+    """Trainer pods of the current attempt that have stopped (Failed or Succeeded)."""
+    old_trainer: tuple[str, ...] = ()
+    """Trainer pods of earlier attempts (a failed attempt's, kept for `kubectl logs`)."""
 
 
 def pod_problem(pod: dict[str, Any]) -> PodProblem | None:
@@ -54,17 +76,33 @@ def pod_problem(pod: dict[str, Any]) -> PodProblem | None:
     return PodProblem(name, "Pending", "")
 
 
+def pod_exit(pod: dict[str, Any]) -> PodExit | None:
+    """The first container of the pod that terminated with a non-zero exit code."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        done = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
+        if done.get("exitCode"):
+            return PodExit(pod["metadata"]["name"], done["exitCode"], done.get("reason", ""), done.get("message", ""))
+    return None
+
+
 def view(pods: list[dict[str, Any]], *, attempt: int | None) -> PodsView:
-    """Summarize the job's pods; trainer pods of other attempts (an old, failed Job's) are
-    ignored."""
+    """Summarize the job's pods; trainer pods of other attempts (an old, failed Job's) only
+    count as old."""
     trainer_running = rollout_running = 0
-    problems = []
-    for pod in pods:
-        labels = (pod.get("metadata") or {}).get("labels") or {}
+    problems, exits, finished, old = [], [], [], []
+    for pod in sorted(pods, key=_node_rank):
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
         role = labels.get(names.ROLE_LABEL)
-        if role == names.TRAINER and labels.get(names.ATTEMPT_LABEL) != str(attempt):
-            continue
         phase = (pod.get("status") or {}).get("phase", "Pending")
+        if role == names.TRAINER and labels.get(names.ATTEMPT_LABEL) != str(attempt):
+            if not meta.get("deletionTimestamp"):
+                old.append(meta["name"])
+            continue
+        if role == names.TRAINER and phase in ("Failed", "Succeeded") and not meta.get("deletionTimestamp"):
+            finished.append(meta["name"])
+            if (stopped := pod_exit(pod)) is not None:
+                exits.append(stopped)
         if role == names.TRAINER and phase in ("Running", "Succeeded"):
             trainer_running += 1
         elif role == names.ROLLOUT and phase == "Running":
@@ -74,4 +112,10 @@ def view(pods: list[dict[str, Any]], *, attempt: int | None) -> PodsView:
             problems.append(problem)
     # The specific reasons first: they are what the user must fix.
     problems.sort(key=lambda p: (p.reason == "Pending", p.pod))
-    return PodsView(trainer_running, rollout_running, tuple(problems))
+    return PodsView(trainer_running, rollout_running, tuple(problems), tuple(exits), tuple(finished), tuple(old))
+
+
+def _node_rank(pod: dict[str, Any]) -> tuple[int, str]:
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    index = annotations.get("batch.kubernetes.io/job-completion-index", "")
+    return (int(index) if index.isdigit() else 1 << 30, (pod.get("metadata") or {}).get("name", ""))

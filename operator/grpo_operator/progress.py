@@ -2,21 +2,21 @@
 storage prefix every step (grpo_trainer.metrics.MetricsLogger.write_progress); the operator reads
 it on every resync and copies the keys the status has (grpo_api.spec.Progress).
 
-Reading must never block or fail a reconcile: a missing file (the first step hasn't finished),
-storage that is down or unreadable JSON all give None, and the status keeps the last progress.
+Reading must never block or fail a reconcile: a missing file (the first step hasn't finished)
+or unreadable JSON give no progress, and the status keeps the last. Storage the operator can't
+read (no credentials for s3://, most often) is returned as the reason, which the status shows
+as the ProgressUnreadable condition.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Mapping
 
 from pydantic import ValidationError
 
 from grpo_api.spec import GRPOJob, Progress
 
-log = logging.getLogger("grpo.operator")
 _FIELDS = {f.alias or name: name for name, f in Progress.model_fields.items()}
 
 
@@ -38,8 +38,9 @@ def parse_progress(data: bytes) -> Progress | None:
         return None
 
 
-def read_progress(job: GRPOJob, env: Mapping[str, str]) -> Progress | None:
-    """Read the job's progress.json; `env` carries the S3 credentials (AWS_*) for s3:// storage."""
+def read_progress(job: GRPOJob, env: Mapping[str, str]) -> tuple[Progress | None, str | None]:
+    """The job's progress.json (None while there is none) and why it can't be read (None when
+    it can); `env` carries the S3 credentials (AWS_*) for s3:// storage."""
     from grpo_api.records import RunLayout
     from grpo_api.storage import Storage, job_root
 
@@ -47,9 +48,8 @@ def read_progress(job: GRPOJob, env: Mapping[str, str]) -> Progress | None:
         uri = RunLayout(job_root(job, local=False)).progress
         storage = Storage(job.spec.storage, env=env, attempts=2, backoff_seconds=0.2)
         if not storage.exists(uri):
-            return None
-        return parse_progress(storage.read_bytes(uri))
+            return None, None
+        return parse_progress(storage.read_bytes(uri)), None
     except (OSError, ValueError) as exc:
         # Never the credentials: StorageError messages name only the operation and the URI.
-        log.warning("%s/%s: can't read progress: %s", job.metadata.namespace, job.metadata.name, exc)
-        return None
+        return None, str(exc)

@@ -23,11 +23,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from grpo_api import signing
 from grpo_api.spec import API_GROUP, API_VERSION, KIND, GRPOJob, GRPOJobStatus
 
 from grpo_operator import conditions, lifecycle, manifests, names, pods
 from grpo_operator.kube import Kube, KubeError
 from grpo_operator.metrics import OperatorMetrics
+from grpo_operator.pki import make_job_tls
 from grpo_operator.progress import read_progress
 from grpo_operator.settings import OperatorSettings
 from grpo_operator.validation import parse_grpojob
@@ -35,6 +37,7 @@ from grpo_operator.validation import parse_grpojob
 log = logging.getLogger("grpo.operator")
 GJ = (f"{API_GROUP}/{API_VERSION}", KIND)
 _POD_MONITOR_API = "monitoring.coreos.com/v1"
+_KUEUE_API = "kueue.x-k8s.io/v1beta2"
 _DISCOVERY_TTL = 300.0
 
 
@@ -49,7 +52,8 @@ class Reconciler:
         self._lock = threading.Lock()
         self._running: set[tuple[str, str]] = set()
         self._pending: dict[tuple[str, str], bool] = {}              # key -> read progress
-        self._pod_monitor_api: tuple[float, bool] | None = None
+        self._apis: dict[str, tuple[float, bool]] = {}              # group/version -> (when, served)
+        self._progress_errors: dict[tuple[str, str], str] = {}
 
     # -- triggers ---------------------------------------------------------------------------
 
@@ -91,6 +95,7 @@ class Reconciler:
         with self._lock:
             self._known.discard(key)
             self._applied.pop(key, None)
+            self._progress_errors.pop(key, None)
         self.metrics.forget(namespace, name)
 
     def _timed(self, key: tuple[str, str], trigger: str, read_progress: bool) -> None:
@@ -123,6 +128,15 @@ class Reconciler:
             return  # the garbage collector removes the children
         job, errors = parse_grpojob(obj, self.settings)
         old_status = _status(obj)
+        # Checked once per spec generation, as an admission check would: a discovery hiccup
+        # later must not fail a running job.
+        if job is not None and job.spec.run_policy.scheduling_policy is not None \
+                and old_status.observed_generation != meta.get("generation", 1) \
+                and not self._has_api(names.POD_GROUP_API):
+            job, errors = None, [
+                "spec.runPolicy.schedulingPolicy: gang scheduling needs scheduler-plugins' PodGroup CRD "
+                "(podgroups.scheduling.x-k8s.io), which this cluster lacks; install scheduler-plugins "
+                "or remove schedulingPolicy"]
         observed = self._observe(obj, job, old_status, read_progress)
         decision = lifecycle.decide(job, errors, old_status, observed, self.clock())
         self._write_status(obj, old_status, decision.status)
@@ -144,23 +158,50 @@ class Reconciler:
             if not _owned_by(trainer_obj, uid):
                 # A same-named job's leftover, on its way out: wait for it.
                 trainer = lifecycle.TrainerJob(attempt=-1, deleting=True)
+        kueue_message = None
+        if trainer is not None and trainer.suspended and self._has_api(_KUEUE_API):
+            kueue_message = self._why_not_admitted(ns, trainer_obj["metadata"]["uid"])
         deployment = self.kube.get("apps/v1", "Deployment", ns, names.rollout_name(name))
         replicas = None
         if deployment is not None and _owned_by(deployment, uid):
             replicas = (deployment.get("spec") or {}).get("replicas", 1)
-        pod_list = self.kube.list("v1", "Pod", ns, {names.JOB_LABEL: name})
+        # Only a valid job's pods are looked at: an invalid name (over-long, admitted by an older
+        # CRD) is no valid label value, and an invalid job only needs its pods stopped.
+        pod_list = self.kube.list("v1", "Pod", ns, {names.JOB_LABEL: name}) if job is not None else []
         attempt = trainer.attempt if trainer is not None else status.restarts
         # A finished job's progress.json no longer changes: it is read one last time when the
         # trainer's outcome is first seen (the final step's numbers), then never again.
         finished = status.phase in lifecycle.TERMINAL
         finishing = trainer is not None and trainer.outcome != "active" and not finished
-        progress = None
-        if job is not None and (finishing or (read and not finished)):
-            progress = read_progress(job, self._storage_env(job))
+        progress = progress_error = None
+        read_now = job is not None and (finishing or (read and not finished))
+        if read_now:
+            progress, progress_error = read_progress(job, self._storage_env(job))
+            self._log_progress_error((ns, name), progress_error)
         return lifecycle.Observed(
             generation=generation, trainer=trainer, pods=pods.view(pod_list, attempt=attempt),
-            rollout_replicas=replicas, progress=progress,
-            children_applied=self._applied.get((ns, name)) == (uid, generation))
+            rollout_replicas=replicas, progress=progress, progress_error=progress_error if read_now else None,
+            progress_read=read_now, children_applied=self._applied.get((ns, name)) == (uid, generation),
+            kueue_message=kueue_message)
+
+    def _why_not_admitted(self, ns: str, job_uid: str) -> str | None:
+        """Kueue's reason for not admitting the trainer Job (no quota, no such LocalQueue, ...):
+        the QuotaReserved condition of the Workload it made for the Job. Read at each reconcile
+        of a waiting job (the resync), since the operator doesn't watch Workloads."""
+        for workload in self.kube.list(_KUEUE_API, "Workload", ns, {"kueue.x-k8s.io/job-uid": job_uid}):
+            for c in (workload.get("status") or {}).get("conditions") or []:
+                if c.get("type") == "QuotaReserved" and c.get("status") == "False" and c.get("message"):
+                    return c["message"]
+        return None
+
+    def _log_progress_error(self, key: tuple[str, str], error: str | None) -> None:
+        """Once per job and reason, not at every resync: the status condition carries it."""
+        if error is not None and self._progress_errors.get(key) != error:
+            log.warning("%s/%s: can't read progress: %s", *key, error)
+        if error is None:
+            self._progress_errors.pop(key, None)
+        else:
+            self._progress_errors[key] = error
 
     def _write_status(self, obj: dict, old: GRPOJobStatus, new: GRPOJobStatus) -> None:
         old_doc, new_doc = _dump(old), _dump(new)
@@ -176,7 +217,9 @@ class Reconciler:
         ns, name = meta["namespace"], meta["name"]
         kube, settings = self.kube, self.settings
         if d.apply_children and job is not None:
-            kube.create(manifests.build_rpc_secret(job, settings, token=secrets.token_hex(32)))
+            kube.create(manifests.build_rpc_secret(job, settings, token=secrets.token_hex(32),
+                                                   checkpoint_key=signing.new_key(),
+                                                   tls=make_job_tls(name, names.rollout_dns_names(name, ns))))
             for child in manifests.build_children(job, settings, pod_monitor=self._pod_monitor_enabled()):
                 kube.apply(child)
             self._applied[(ns, name)] = (meta["uid"], meta.get("generation", 1))
@@ -186,9 +229,18 @@ class Reconciler:
             else:
                 self._scale_rollout_to_zero(ns, name)
         if d.delete_trainer:
+            kept = d.keep_pods if settings.keep_failed_trainer_pods else ()
+            for pod in kept:
+                # Owned by the GRPOJob too, the pod outlives its Job (the garbage collector keeps
+                # a dependent that still has an owner) and goes with the GRPOJob at the latest.
+                kube.add_owner_reference("v1", "Pod", ns, pod, names.owner_reference(name, meta["uid"], controller=False))
             # Foreground: the Job stays until its pods are gone, so its replacement (or, when
-            # suspending, the rollout's removal) waits for the trainer's checkpoint.
-            kube.delete("batch/v1", "Job", ns, names.trainer_name(name), propagation="Foreground")
+            # suspending, the rollout's removal) waits for the trainer's checkpoint. A failed
+            # Job's kept pods have stopped already.
+            kube.delete("batch/v1", "Job", ns, names.trainer_name(name),
+                        propagation="Background" if kept else "Foreground")
+        for pod in d.delete_pods:
+            kube.delete("v1", "Pod", ns, pod)
         if d.create_trainer is not None and job is not None:
             if kube.create(manifests.build_trainer_job(job, settings, attempt=d.create_trainer)):
                 self._event(obj, "Normal", "TrainerCreated",
@@ -220,10 +272,15 @@ class Reconciler:
         mode = self.settings.pod_monitor
         if mode != "auto":
             return mode == "true"
+        return self._has_api(_POD_MONITOR_API)
+
+    def _has_api(self, group_version: str) -> bool:
+        """API discovery, cached for a while: CRDs come and go rarely."""
         now = time.monotonic()
-        if self._pod_monitor_api is None or now - self._pod_monitor_api[0] > _DISCOVERY_TTL:
-            self._pod_monitor_api = (now, self.kube.has_api(_POD_MONITOR_API))
-        return self._pod_monitor_api[1]
+        cached = self._apis.get(group_version)
+        if cached is None or now - cached[0] > _DISCOVERY_TTL:
+            cached = self._apis[group_version] = (now, self.kube.has_api(group_version))
+        return cached[1]
 
     def _storage_env(self, job: GRPOJob) -> Mapping[str, str]:
         """S3 credentials for reading progress.json: the operator's own, or (when allowed) the

@@ -63,6 +63,14 @@ class OperatorSettings:
     finishes its step and checkpoints, which for a large model takes minutes."""
     rollout_termination_grace_seconds: int = 60
     """How long a rollout pod may take to stop (finish in-flight requests)."""
+    keep_failed_trainer_pods: bool = True
+    """Keep a failed trainer attempt's pods, for `kubectl logs`, until the next attempt runs (and
+    the last attempt's for good). They hold no GPUs: their containers have exited. Off: they go
+    with the failed Job."""
+
+    gang_scheduler_name: str = "scheduler-plugins-scheduler"
+    """Scheduler of gang-scheduled trainer pods (spec.runPolicy.schedulingPolicy): one that runs
+    scheduler-plugins' coscheduling plugin (the name its Helm chart deploys by default)."""
 
     # --- networking and monitoring -----------------------------------------------------------
     network_policy: bool = True

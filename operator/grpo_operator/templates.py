@@ -28,15 +28,19 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from grpo_api import rpc, signing
+
 _METADATA_KEYS = {"labels", "annotations"}
 _SPEC_MERGE = {"nodeSelector"}
 _SPEC_APPEND = {"tolerations", "topologySpreadConstraints", "imagePullSecrets"}
 _SPEC_SET = {"affinity", "priorityClassName", "schedulerName", "runtimeClassName", "serviceAccountName"}
 _SPEC_KEYS = _SPEC_MERGE | _SPEC_APPEND | _SPEC_SET | {"volumes", "containers"}
 _CONTAINER_KEYS = {"name", "image", "imagePullPolicy", "env", "envFrom", "volumeMounts", "resources"}
-RESERVED_ENV = frozenset({"GRPO_RPC_TOKEN", "GRPO_RPC_TOKEN_FILE", "POD_NAME", "JOB_COMPLETION_INDEX"})
+RESERVED_ENV = frozenset({rpc.TOKEN_ENV, rpc.TOKEN_FILE_ENV, rpc.TLS_CA_ENV, rpc.TLS_SERVER_NAME_ENV, rpc.TLS_CERT_ENV,
+                          rpc.TLS_KEY_ENV, signing.KEY_ENV, "POD_NAME", "JOB_COMPLETION_INDEX"})
 RESERVED_ENV_PREFIX = "PET_"
-"""Variables that wire the pods together (RPC token, worker identity, torchrun rendezvous)."""
+"""Variables that wire the pods together (RPC token, TLS, checkpoint key, worker identity,
+torchrun rendezvous): a template can't override them (turning TLS off, say)."""
 
 
 class TemplateError(ValueError):

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_api.jobfile import JobError, parse_job
-from grpo_api.spec import GRPOJob
+from grpo_api.spec import KUBERNETES_RULES, GRPOJob
 
-from grpo_operator import manifests
+from grpo_operator import manifests, names
 from grpo_operator.settings import OperatorSettings
 from grpo_operator.templates import TemplateError
 
@@ -23,7 +23,8 @@ def parse_grpojob(obj: dict[str, Any], settings: OperatorSettings) -> tuple[GRPO
     """The job from an API object, or None and every error as 'field.path: reason'."""
     meta = obj.get("metadata") or {}
     doc = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
-           "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid")},
+           "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid"),
+                        "labels": names.kueue_labels(obj)},
            "spec": obj.get("spec")}
     try:
         job = parse_job(doc, source=f"{meta.get('namespace')}/{meta.get('name')}")
@@ -39,11 +40,5 @@ def parse_grpojob(obj: dict[str, Any], settings: OperatorSettings) -> tuple[GRPO
 
 
 def kubernetes_errors(job: GRPOJob) -> list[str]:
-    uri = job.spec.storage.uri
-    if uri is None:
-        return ["spec.storage.uri: required on Kubernetes (e.g. s3://bucket/prefix): the trainer and the "
-                "rollout pods exchange prompts, rollouts and checkpoints through it"]
-    if uri.startswith("file://") and not uri.startswith("file:///"):
-        return [f"spec.storage.uri: a file:// URI must be absolute on Kubernetes (a volume mounted at the "
-                f"same path in every pod) (got {uri!r})"]
-    return []
+    """The CRD refuses these at apply; an object admitted under an older CRD may still break them."""
+    return [e for rule in KUBERNETES_RULES if (e := rule.check(job.spec))]

@@ -11,13 +11,13 @@ import argparse
 
 
 def rollout(argv: list[str]) -> int:
-    """`grpo rollout --spec FILE [--port P] [--metrics-port P] [--worker-id ID]`: run a rollout server."""
+    """Run a rollout server: generation and rewards for a job's trainer (`grpo run` and the operator do)."""
     from grpo_rollout.serve import main
     return main(argv)
 
 
 def model(argv: list[str]) -> int:
-    """`grpo model tiny --out DIR [--arch qwen3] [--seed N]`: write a tiny random-weight model."""
+    """Write a tiny random-weight model (for tests and the quickstart)."""
     parser = argparse.ArgumentParser(prog="grpo model", description="Build models locally (no downloads).")
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     tiny = sub.add_parser("tiny", help="a tiny random-weight model and a locally built tokenizer",

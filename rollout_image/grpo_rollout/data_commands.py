@@ -12,6 +12,7 @@ import sys
 
 
 def data(argv: list[str]) -> int:
+    """Prepare datasets in verl's parquet layout (GSM8K, the quickstart's task)."""
     parser = argparse.ArgumentParser(prog="grpo data", description="Prepare datasets in verl's parquet layout.")
     sub = parser.add_subparsers(dest="dataset", required=True)
     quick = sub.add_parser("quickstart", help="the quickstart's task: train.parquet and test.parquet")

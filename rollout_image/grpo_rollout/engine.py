@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     import torch
 
+    from grpo_rollout.cuda_ipc import IpcBuffer, IpcEntry
+
 FinishReason = Literal["stop", "length"]
 
 
@@ -89,6 +91,16 @@ class Engine(ABC):
         """Copy tensors (Hugging Face names, full shapes) into the model. May be called with a
         subset of the parameters (one bucket at a time). An unknown name or a wrong shape is a
         ValueError, raised before anything of that batch is copied."""
+
+    def load_weights_ipc(self, ipc: "IpcBuffer", entries: "list[IpcEntry]") -> None:
+        """Copy tensors out of a CUDA buffer that a process on the same GPU shares (the trainer's,
+        grpo_rollout.cuda_ipc); returns once the copies are done, so the buffer may be refilled."""
+        import torch
+
+        from grpo_rollout import cuda_ipc
+        buffer = cuda_ipc.open_buffer(ipc, self.device)
+        self.load_weights(cuda_ipc.views(buffer, entries))
+        torch.cuda.synchronize(self.device)
 
     @abstractmethod
     def info(self) -> EngineInfo:

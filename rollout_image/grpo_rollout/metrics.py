@@ -1,5 +1,5 @@
-"""Prometheus metrics of a rollout server (DESIGN.md §7), and the small HTTP endpoint that serves
-them together with a readiness probe.
+"""Prometheus metrics of a rollout server (docs/ARCHITECTURE.md §7), and the small HTTP endpoint
+that serves them together with the readiness and liveness probes.
 
 Names are prefixed `grpo_rollout_` and labelled with the job and namespace. Each server owns
 its own CollectorRegistry (no process-global state), so tests can run several in one process.
@@ -8,6 +8,8 @@ its own CollectorRegistry (no process-global state), so tests can run several in
 from __future__ import annotations
 
 import threading
+import time
+import urllib.parse
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -15,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from grpo_rollout.rewards.pool import ERROR_KINDS
 
+OLDEST_REQUEST = "oldest_request_seconds"
 _SECONDS_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 
@@ -37,6 +40,10 @@ class RolloutMetrics:
         self._samples = counter("samples", "Responses generated.")
         self._requests = counter("requests", "Generate requests by outcome (ok, or the gRPC status code).", ("outcome",))
         self._in_flight = gauge("requests_in_flight", "Generate requests being served or waiting for the engine.")
+        self._started: list[float] = []       # monotonic start of each request in flight
+        self._started_lock = threading.Lock()
+        self._l(gauge(OLDEST_REQUEST, "Age of the oldest Generate request in flight (0 when idle): an engine that "
+                      "hangs makes it grow without bound.")).set_function(self._oldest_age)
         self._generate_seconds = histogram("generate_seconds", "Time the engine spent generating one request.")
         self._reward_seconds = histogram("reward_seconds", "Time spent scoring one request's samples.")
         self._reward_errors = counter("reward_errors", "Samples whose reward function failed and scored 0, by kind "
@@ -67,7 +74,11 @@ class RolloutMetrics:
         self._l(self._requests, outcome=outcome).inc()
 
     def in_flight(self) -> "_InFlight":
-        return _InFlight(self._l(self._in_flight))
+        return _InFlight(self._l(self._in_flight), self._started, self._started_lock)
+
+    def _oldest_age(self) -> float:
+        with self._started_lock:
+            return time.monotonic() - min(self._started) if self._started else 0.0
 
     def set_policy_version(self, version: int) -> None:
         self._l(self._policy_version).set(version)
@@ -83,28 +94,40 @@ class RolloutMetrics:
 
 
 class _InFlight:
-    def __init__(self, gauge):
-        self._gauge = gauge
+    def __init__(self, gauge, started: list[float], lock: threading.Lock):
+        self._gauge, self._started, self._lock = gauge, started, lock
+        self._t = 0.0
 
     def __enter__(self):
         self._gauge.inc()
+        self._t = time.monotonic()
+        with self._lock:
+            self._started.append(self._t)
 
     def __exit__(self, *exc):
         self._gauge.dec()
+        with self._lock:
+            self._started.remove(self._t)
 
 
 def serve_http(registry: CollectorRegistry, port: int, ready: Callable[[], bool], host: str = "0.0.0.0") -> ThreadingHTTPServer:
-    """`/metrics` (Prometheus text format) and `/ready` (200 when `ready()`, else 503; for the
-    pod's readiness probe, which can't send the gRPC token). Runs in a daemon thread; port 0
-    picks a free one (`server.server_address[1]`)."""
+    """`/metrics` (Prometheus text format), `/ready` (200 when `ready()`, else 503; for the
+    pod's readiness probe, which can't send the gRPC token) and `/live?stuckAfterSeconds=N`
+    (503 once a Generate request has been in flight longer than N seconds: a hung engine, for
+    the liveness probe). Runs in a daemon thread; port 0 picks a free one
+    (`server.server_address[1]`)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
-            if self.path.split("?")[0] == "/metrics":
+            url = urllib.parse.urlsplit(self.path)
+            if url.path == "/metrics":
                 body, status, ctype = generate_latest(registry), 200, CONTENT_TYPE_LATEST
-            elif self.path == "/ready":
+            elif url.path == "/ready":
                 ok = ready()
                 body, status, ctype = (b"ready\n" if ok else b"not ready\n"), (200 if ok else 503), "text/plain"
+            elif url.path == "/live":
+                body, status = _liveness(registry, urllib.parse.parse_qs(url.query))
+                ctype = "text/plain"
             else:
                 body, status, ctype = b"not found\n", 404, "text/plain"
             self.send_response(status)
@@ -120,3 +143,16 @@ def serve_http(registry: CollectorRegistry, port: int, ready: Callable[[], bool]
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return server
+
+
+def _liveness(registry: CollectorRegistry, query: dict[str, list[str]]) -> tuple[bytes, int]:
+    """From the exported gauge, so the probe and a Prometheus alert see the same number."""
+    try:
+        limit = float(query.get("stuckAfterSeconds", ["inf"])[0])
+    except ValueError:
+        return b"stuckAfterSeconds must be a number\n", 400
+    age = max((s.value for family in registry.collect() if family.name == f"grpo_rollout_{OLDEST_REQUEST}"
+               for s in family.samples), default=0.0)
+    if age > limit:
+        return f"a Generate request has been in flight for {age:.0f}s (> {limit:.0f}s): engine stuck\n".encode(), 503
+    return b"live\n", 200

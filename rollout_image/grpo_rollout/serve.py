@@ -4,7 +4,7 @@ Start-up order: metrics endpoint (so /ready answers 503 while loading), reward w
 `spec.reward.function` fails here, before the model loads), engine, gRPC. When the server
 listens it prints one line to stdout,
 
-    GRPO_ROLLOUT_READY {"port": 50051, "metrics_port": 9400, "worker_id": "...", "pid": 123}
+    GRPO_ROLLOUT_READY {"port": 50051, "metrics_port": 9400, "worker_id": "...", "pid": 123, "tls": true}
 
 which is how a parent process (the local launcher, tests) learns the ports and that it's ready.
 On SIGTERM/SIGINT it stops accepting calls, lets running ones finish for `--grace` seconds,
@@ -53,12 +53,12 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from grpo_api.jobfile import JobError, load_job
-    from grpo_api.rpc import TokenError, read_token
+    from grpo_api.rpc import TLSError, TokenError, read_token, server_tls
 
     try:
         job = load_job(args.spec)
-        token = read_token()
-    except (JobError, TokenError) as exc:
+        token, tls = read_token(), server_tls()
+    except (JobError, TokenError, TLSError) as exc:
         print(f"grpo rollout: {exc}", file=sys.stderr)
         return 2
 
@@ -85,13 +85,13 @@ def main(argv: list[str]) -> int:
     engine = server = None
     try:
         try:
-            server, port = _start(args, job, spec, token, worker_id, metrics, rewards, holder)
+            server, port = _start(args, job, spec, token, tls, worker_id, metrics, rewards, holder)
         except (OSError, ValueError) as exc:   # the model can't be loaded, the port is taken...
             print(f"grpo rollout: {exc}", file=sys.stderr)
             return 2
         engine = holder["worker"].engine
         info = {"port": port, "metrics_port": http.server_address[1] if http else None, "worker_id": worker_id,
-                "pid": os.getpid()}
+                "pid": os.getpid(), "tls": tls is not None}
         print(READY_PREFIX + json.dumps(info), flush=True)
         log.info("rollout server %s listening on port %d (engine %s, policy version %d)", worker_id, port,
                  spec.rollout.engine, engine.policy_version)
@@ -110,7 +110,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _start(args, job, spec, token, worker_id, metrics, rewards, holder):
+def _start(args, job, spec, token, tls, worker_id, metrics, rewards, holder):
     from grpo_api.storage import Storage, check_local_model_path
     from grpo_rollout.engine import build_engine
     from grpo_rollout.server import RolloutServicer, start_server
@@ -130,7 +130,7 @@ def _start(args, job, spec, token, worker_id, metrics, rewards, holder):
         worker = RolloutWorker(spec=spec, engine=engine, rewards=rewards, storage=Storage(spec.storage),
                                worker_id=worker_id, metrics=metrics)
         holder["worker"] = worker
-        return start_server(RolloutServicer(worker), token, host=args.host, port=args.port)
+        return start_server(RolloutServicer(worker), token, host=args.host, port=args.port, tls=tls)
     except BaseException:
         engine.close()
         raise

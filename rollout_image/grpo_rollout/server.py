@@ -14,8 +14,9 @@ import grpc
 
 from grpo_api.proto import rollout_pb2 as pb
 from grpo_api.proto import rollout_pb2_grpc as pb_grpc
-from grpo_api.rpc import TokenAuthInterceptor, server_options
+from grpo_api.rpc import TLS_CERT_ENV, TLS_KEY_ENV, ServerTLS, TokenAuthInterceptor, server_options
 from grpo_api.weights import bucket_from_proto
+from grpo_rollout import cuda_ipc
 from grpo_rollout.weights import CollectivePlan, WeightSyncConflict
 from grpo_rollout.worker import GenerateJob, RolloutWorker, SamplingOverrides
 
@@ -67,11 +68,18 @@ def job_from_proto(req: pb.GenerateRequest) -> GenerateJob:
 
 
 def plan_from_proto(plan: pb.WeightSyncPlan) -> CollectivePlan:
+    ipc = None
+    if plan.backend == "cuda_ipc":
+        ipc = cuda_ipc.IpcBuffer.from_proto(plan.ipc)
+        offsets = tuple(int(o) for o in plan.ipc.bucket_offsets)
+        if len(offsets) != len(plan.buckets):
+            raise ValueError(f"cuda_ipc plan: {len(offsets)} bucket offsets for {len(plan.buckets)} buckets")
     return CollectivePlan(
         version=plan.version, group_id=plan.group_id, master_addr=plan.master_addr, master_port=plan.master_port,
         world_size=plan.world_size, rank=plan.rank, backend=plan.backend,
         buckets=tuple(bucket_from_proto(i, b) for i, b in enumerate(plan.buckets)),
-        timeout_seconds=plan.timeout_seconds or 600.0)
+        timeout_seconds=plan.timeout_seconds or 600.0, ipc=ipc,
+        ipc_bucket_offsets=tuple(plan.ipc.bucket_offsets) if ipc else ())
 
 
 class RolloutServicer(pb_grpc.RolloutServicer):
@@ -109,17 +117,24 @@ class RolloutServicer(pb_grpc.RolloutServicer):
         i = self.worker.info()
         return pb.InfoReply(worker_id=self.worker.worker_id, model=i.model, engine=i.engine,
                             policy_version=self.worker.weights.version, capacity=i.capacity,
-                            num_parameters=i.num_parameters, device=i.device)
+                            num_parameters=i.num_parameters, device=i.device,
+                            device_uuid=cuda_ipc.device_uuid(self.worker.engine.device))
 
 
 def start_server(servicer: RolloutServicer, token: str, *, host: str = "[::]", port: int = 0,
-                 max_workers: int = 16) -> tuple[grpc.Server, int]:
+                 max_workers: int = 16, tls: ServerTLS | None = None) -> tuple[grpc.Server, int]:
     """Start serving; returns the server and the port it bound (port 0 picks a free one).
-    Every RPC requires the token."""
+    Every RPC requires the token; with `tls` the port speaks only TLS (a plaintext client
+    can't connect)."""
     server = grpc.server(ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
                          interceptors=[TokenAuthInterceptor(token)], options=server_options())
     pb_grpc.add_RolloutServicer_to_server(servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    if tls is None:
+        log.warning("serving without TLS (%s and %s are not set): the token and the weights cross the network "
+                    "in clear", TLS_CERT_ENV, TLS_KEY_ENV)
+        bound = server.add_insecure_port(f"{host}:{port}")
+    else:
+        bound = server.add_secure_port(f"{host}:{port}", grpc.ssl_server_credentials([(tls.key, tls.cert)]))
     if not bound:
         raise OSError(f"can't listen on {host}:{port}")
     server.start()

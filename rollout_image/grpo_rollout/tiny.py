@@ -122,4 +122,8 @@ def build_tiny_model(out_dir: str | Path, arch: str = "qwen3", vocab: list[str] 
     tok_cfg = json.loads(cfg_path.read_text())
     tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
     cfg_path.write_text(json.dumps(tok_cfg, indent=2) + "\n")
+    # transformers writes model.safetensors 0600: pods running as another uid (the images'
+    # 1000) and other users of a shared cache could not read the weights.
+    for f in out.iterdir():
+        f.chmod(f.stat().st_mode | 0o044)
     return out

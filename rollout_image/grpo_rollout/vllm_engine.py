@@ -1,16 +1,20 @@
 """The vLLM engine: a thin adapter over `vllm.LLM` (the version pinned in pyproject's `vllm`
-extra, 0.33.0; the rollout image installs exactly that one).
+extra, 0.26.x, the newest that runs on torch 2.11; the rollout image installs exactly that
+one, and bench/vllm_check.py is what ran it on an H200).
 
 - Generation: token-id prompts in, `SamplingParams(logprobs=0)` so each output token carries
   its own logprob. `logprobs_mode="processed_logprobs"` makes that the logprob after temperature
   (and after top-k/top-p, which vLLM applies before taking it: with the training defaults
   top_p=1, top_k=-1 it is exactly log_softmax(logits / T), what the trainer recomputes; see
   grpo_rollout.engine). vLLM's default, raw_logprobs, would ignore the temperature.
-- Weights: vLLM runs the model in worker processes, so tensors are packed into one byte
-  buffer per call and handed to every worker through `LLM.collective_rpc`, where
-  `WeightLoaderExtension` (installed with `worker_extension_cls`) unpacks them on the worker's
-  device and calls the model's own `load_weights` (which maps Hugging Face names onto vLLM's
-  fused layers). The prefix cache is reset afterwards: cached KV of the old weights is stale.
+- Weights: vLLM runs the model in worker processes. `WeightLoaderExtension` (installed with
+  `worker_extension_cls`) runs in each of them through `LLM.collective_rpc` and calls the
+  model's own `load_weights` (which maps Hugging Face names onto vLLM's fused layers). The
+  tensors reach it through CUDA IPC (grpo_rollout.cuda_ipc), GPU to GPU: straight from the
+  trainer's buffer when the trainer shares the GPU (`load_weights_ipc`), or from one buffer
+  this process fills with what arrived by NCCL or gRPC (`load_weights`). With tensor
+  parallelism (workers on several GPUs) they travel as one byte string instead. The prefix
+  cache is reset afterwards: cached KV of the old weights is stale.
 
 vLLM is imported only when this engine is built. The conversions are pure functions, tested
 without vLLM or a GPU (tests/rollout/test_vllm_adapter.py).
@@ -18,14 +22,18 @@ without vLLM or a GPU (tests/rollout/test_vllm_adapter.py).
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
+from grpo_rollout import cuda_ipc
 from grpo_rollout.engine import Engine, EngineInfo, Sample, SamplingParams
 
-VLLM_VERSION = "0.33.0"
+VLLM_VERSIONS = "0.26."
+"""The vLLM releases this adapter runs with (a prefix of vllm.__version__)."""
 EXTENSION = "grpo_rollout.vllm_engine.WeightLoaderExtension"
 
 # (name, shape, dtype, offset, nbytes): plain values, so vLLM's RPC serializer passes them as is.
@@ -48,20 +56,22 @@ def llm_kwargs(model_path: str, *, dtype: str, seed: int, tokenizer_path: str | 
     return kwargs
 
 
-def sampling_kwargs(params: SamplingParams, prompt_index: int) -> dict[str, Any]:
-    """vllm.SamplingParams arguments for one prompt. vLLM gives the n samples of a request seeds
-    seed, seed+1, ..., seed+n-1; prompt i starts at seed + i*n, so two identical prompts in one
-    batch still get different samples and no seed is shared."""
+def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
+    """vllm.SamplingParams arguments (the same for every prompt). No per-request seed: vLLM samples a seeded
+    request with its own generator, one kernel per sequence and decode step, which cost 2.4 s of
+    7.0 for 256 x 512 tokens on an H200 (bench/RESULTS.md). The engine's seed (LLM(seed=...),
+    rollout.seed) makes a server's sequence of samples reproducible instead; `params.seed`
+    (the per-shard seed the server derives) is honoured by the hf engine only."""
     return dict(
         n=params.n,
         max_tokens=params.max_tokens,
         temperature=params.temperature,
         top_p=params.top_p,
         top_k=0 if params.top_k in (-1, 0) else params.top_k,
-        seed=None if params.seed is None else params.seed + prompt_index * params.n,
         stop=list(params.stop) or None,
         logprobs=0,  # the sampled token's own logprob, no alternatives
         skip_special_tokens=True,
+        detokenize=bool(params.stop),  # text is decoded for the rewards anyway; stop strings need it here
     )
 
 
@@ -107,6 +117,33 @@ def unpack_tensors(data: bytes, entries: list[TensorEntry], device: torch.device
     return out
 
 
+def pack_on_device(weights: Iterable[tuple[str, torch.Tensor]], device: torch.device
+                   ) -> tuple[torch.Tensor, list[cuda_ipc.IpcEntry]]:
+    """Tensors -> one uint8 buffer on `device` (64-byte aligned offsets) and their entries."""
+    weights = list(weights)
+    entries: list[cuda_ipc.IpcEntry] = []
+    offset = 0
+    for name, tensor in weights:
+        entries.append((name, list(tensor.shape), str(tensor.dtype).removeprefix("torch."), offset))
+        offset += -(-tensor.numel() * tensor.element_size() // 64) * 64
+    buffer = torch.empty(max(offset, 1), dtype=torch.uint8, device=device)
+    for (_, tensor), (_, _, _, start) in zip(weights, entries):
+        flat = tensor.detach().contiguous().view(-1).view(torch.uint8)
+        buffer[start:start + flat.numel()].copy_(flat, non_blocking=True)
+    return buffer, entries
+
+
+def environment_defaults() -> None:
+    """Settings this adapter needs before vLLM is imported (a user's own values win)."""
+    # This process touches CUDA (the engine's device, IPC buffers) before vLLM starts its
+    # workers, so they must be spawned, not forked.
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    # Without FlashInfer installed, vLLM 0.26's sampler still imports it; its torch sampler
+    # is the one to use then.
+    if importlib.util.find_spec("flashinfer") is None:
+        os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+
+
 class WeightLoaderExtension:
     """Mixed into vLLM's GPU worker (worker_extension_cls); its methods run in every worker
     process through `LLM.collective_rpc`."""
@@ -116,17 +153,28 @@ class WeightLoaderExtension:
         self.model_runner.model.load_weights(weights=weights)
         return len(weights)
 
+    def grpo_load_ipc(self, ipc: tuple, entries: list, keep: bool) -> int:
+        """Copy from a CUDA buffer another process on this GPU shares; `keep` maps it for good
+        (the trainer's long-lived buffer), else the mapping is dropped once copied."""
+        buffer = cuda_ipc.open_buffer(cuda_ipc.IpcBuffer(*ipc), self.device, keep=keep)
+        weights = cuda_ipc.views(buffer, [tuple(e) for e in entries])
+        self.model_runner.model.load_weights(weights=weights)
+        torch.cuda.synchronize(self.device)   # the sender may reuse its buffer once we return
+        return len(weights)
+
 
 class VLLMEngine(Engine):
     def __init__(self, model_path: str, *, dtype: str, seed: int, tokenizer_path: str | None = None,
                  trust_remote_code: bool = False, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
                  max_model_len: int | None = None, enforce_eager: bool = False,
                  max_num_batched_tokens: int | None = None):
+        environment_defaults()
         import vllm
 
-        if vllm.__version__ != VLLM_VERSION:
-            raise RuntimeError(f"grpo_rollout's vLLM adapter is built for vllm=={VLLM_VERSION}, found {vllm.__version__}")
+        if not vllm.__version__.startswith(VLLM_VERSIONS):
+            raise RuntimeError(f"grpo_rollout's vLLM adapter runs with vllm {VLLM_VERSIONS}x, found {vllm.__version__}")
         self._model_path = model_path
+        self._tensor_parallel = tensor_parallel_size
         self._llm = vllm.LLM(**llm_kwargs(
             model_path, dtype=dtype, seed=seed, tokenizer_path=tokenizer_path, trust_remote_code=trust_remote_code,
             tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
@@ -150,13 +198,25 @@ class VLLMEngine(Engine):
         from vllm.inputs import TokensPrompt
 
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
-        sampling = [VSamplingParams(**sampling_kwargs(params, i)) for i in range(len(prompt_ids))]
+        sampling = VSamplingParams(**sampling_kwargs(params))
         outputs = self._llm.generate(prompts, sampling, use_tqdm=False)
         return [samples_from_output(o) for o in outputs]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        data, entries = pack_tensors(weights)
-        self._llm.collective_rpc("grpo_load_weights", args=(data, entries))
+        if self._tensor_parallel > 1 or self._device.type != "cuda":
+            data, entries = pack_tensors(weights)
+            self._llm.collective_rpc("grpo_load_weights", args=(data, entries))
+        else:
+            buffer, entries = pack_on_device(weights, self._device)
+            torch.cuda.synchronize(self._device)
+            self._llm.collective_rpc("grpo_load_ipc", args=(cuda_ipc.share(buffer).as_tuple(), entries, False))
+            del buffer
+        self._llm.reset_prefix_cache()
+
+    def load_weights_ipc(self, ipc: cuda_ipc.IpcBuffer, entries: list[cuda_ipc.IpcEntry]) -> None:
+        if self._tensor_parallel > 1:
+            raise ValueError("backend cuda_ipc needs rollout.tensorParallelSize 1 (the workers are on other GPUs)")
+        self._llm.collective_rpc("grpo_load_ipc", args=(ipc.as_tuple(), entries, True))
         self._llm.reset_prefix_cache()
 
     def close(self) -> None:

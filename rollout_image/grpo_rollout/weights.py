@@ -1,4 +1,4 @@
-"""The receiving side of a weight update (DESIGN.md §6); the trainer's
+"""The receiving side of a weight update (docs/ARCHITECTURE.md §6); the trainer's
 grpo_trainer.weight_sync is the sending side. Both cut the state dict with
 grpo_api.weights.plan_buckets, so the bytes of a bucket mean the same on both ends.
 
@@ -12,6 +12,9 @@ until a complete one succeeds.
 - collective: the plan arrives by PrepareWeightSync; the bytes by broadcast from trainer rank 0
   in a process group formed over a TCPStore at the trainer (gloo on CPU, nccl on GPU). A plan
   with a new group_id (membership changed) makes us leave the old group and form the new one.
+- cuda_ipc (trainer on the same GPU): the plan names the trainer's weight buffer; the engine
+  copies every bucket out of it, GPU to GPU (grpo_rollout.cuda_ipc). No group, no bytes on a
+  wire: the plan is the whole message.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from grpo_api.weights import Bucket, PlacedTensor, placed_from_proto
+from grpo_api.weights import WATCHDOG_MARGIN_SECONDS, Bucket, PlacedTensor, placed_from_proto, wait_for_work
+from grpo_rollout import cuda_ipc
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -78,10 +82,19 @@ class CollectivePlan:
     backend: str
     buckets: tuple[Bucket, ...]
     timeout_seconds: float
+    ipc: cuda_ipc.IpcBuffer | None = None
+    ipc_bucket_offsets: tuple[int, ...] = ()
 
     def __post_init__(self):
-        if self.backend not in ("gloo", "nccl"):
-            raise ValueError(f"backend must be 'gloo' or 'nccl' (got {self.backend!r})")
+        if self.backend not in ("gloo", "nccl", "cuda_ipc"):
+            raise ValueError(f"backend must be 'gloo', 'nccl' or 'cuda_ipc' (got {self.backend!r})")
+        if self.backend == "cuda_ipc":
+            if self.ipc is None or len(self.ipc_bucket_offsets) != len(self.buckets):
+                raise ValueError("backend cuda_ipc needs the buffer and one offset per bucket")
+            for bucket, base in zip(self.buckets, self.ipc_bucket_offsets):
+                if base < 0 or base + bucket.nbytes > self.ipc.size_bytes:
+                    raise ValueError(f"bucket {bucket.index} lies outside the shared buffer")
+            return
         if not 0 < self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} out of range for world_size {self.world_size} (rank 0 is the trainer)")
         if not self.group_id or not self.master_addr or not 0 < self.master_port < 65536:
@@ -130,13 +143,13 @@ class _Group:
         else:
             torch.cuda.set_device(device)
             options = dist.ProcessGroupNCCL.Options()
-            options._timeout = timeout
+            options._timeout = timeout + datetime.timedelta(seconds=WATCHDOG_MARGIN_SECONDS)
             self._pg = dist.ProcessGroupNCCL(prefixed, plan.rank, plan.world_size, options)
         self._broadcast_options = dist.BroadcastOptions()
         self._broadcast_options.rootRank = 0
 
-    def broadcast(self, tensor: torch.Tensor) -> None:
-        self._pg.broadcast([tensor], self._broadcast_options).wait()
+    def broadcast(self, tensor: torch.Tensor, deadline: float) -> None:
+        wait_for_work(self._pg.broadcast([tensor], self._broadcast_options), deadline, "the weight broadcast")
 
     def close(self) -> None:
         # abort, not shutdown: a graceful NCCL shutdown waits for the peers to leave too, and
@@ -270,30 +283,54 @@ class WeightReceiver:
             raise WeightSyncConflict(f"group {plan.group_id} failed earlier; re-form it with a new group_id")
         # Everything that can be checked here is: an error in the reply reaches the trainer
         # before it blocks in a collective that this server would never join.
-        device = self._collective_device(plan.backend)
+        device = self._collective_device(plan)
         if self._thread is not None and self._thread.is_alive():
-            raise WeightSyncConflict(f"a collective weight sync (version {self.sync_version}) is still running")
+            self._abandon_running(plan)
         self.sync_error, self.sync_version = "", plan.version
         self._thread = threading.Thread(target=self._run_collective, args=(plan, device), name="weight-sync",
                                         daemon=True)
         self._thread.start()
 
-    def _collective_device(self, backend: str) -> torch.device:
-        if backend == "gloo":
+    def _abandon_running(self, plan: CollectivePlan) -> None:
+        """A plan for a new group while a broadcast still waits in the old one: the trainer gave
+        up on it (its deadline, a peer gone, or a new trainer). Abort the old group so its
+        broadcast ends now rather than at its deadline, then take the new plan."""
+        group = self._group
+        if group is None or group.id == plan.group_id:
+            raise WeightSyncConflict(f"a collective weight sync (version {self.sync_version}) is still running")
+        log.warning("abandoning weight-sync group %s (version %d) for group %s (version %d)",
+                    group.id, self.sync_version, plan.group_id, plan.version)
+        group.close()
+        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            raise WeightSyncConflict(f"the weight sync of group {group.id} did not stop after its abort")
+
+    def _collective_device(self, plan: CollectivePlan) -> torch.device:
+        if plan.backend == "gloo":
             return torch.device("cpu")
         device = self._engine.device
         if device.type != "cuda" or device.index is None:
-            raise ValueError(f"backend nccl needs an engine on one GPU (engine device: {device}); use gloo on CPU")
+            raise ValueError(f"backend {plan.backend} needs an engine on one GPU (engine device: {device}); "
+                             "use gloo on CPU")
+        if plan.backend == "cuda_ipc" and cuda_ipc.device_uuid(device) != plan.ipc.device_uuid:
+            raise ValueError(f"backend cuda_ipc: the trainer's buffer is on GPU {plan.ipc.device_uuid}, "
+                             f"this server is on {cuda_ipc.device_uuid(device)}")
         return device
 
     def _run_collective(self, plan: CollectivePlan, device: torch.device) -> None:
         with self._update_lock:
             try:
+                if plan.backend == "cuda_ipc":
+                    self._receive_ipc(plan)
+                    return
+                # A trainer that gave up (or died) never finishes its broadcast: give up at the
+                # plan's deadline too, abort the group (below) and wait for a new plan.
+                deadline = time.monotonic() + plan.timeout_seconds
                 group = self._join(plan, device)
                 self._begin(plan.version, len(plan.buckets))
                 for bucket in plan.buckets:
                     buffer = torch.empty(bucket.nbytes, dtype=torch.uint8, device=group.device)
-                    group.broadcast(buffer)
+                    group.broadcast(buffer, deadline)
                     self._load(bucket.index, tensors_from_buffer(buffer, bucket.tensors), bucket.nbytes, "collective")
                 self._maybe_commit("collective")
             except Exception as exc:
@@ -304,6 +341,20 @@ class WeightReceiver:
                     self._dead_groups.add(self._group.id)
                     self._group.close()
                     self._group = None
+
+    def _receive_ipc(self, plan: CollectivePlan) -> None:
+        """Every bucket in one engine call: the buffer holds the whole version already."""
+        entries = [(t.spec.name, list(t.spec.shape), t.spec.dtype, base + t.offset)
+                   for bucket, base in zip(plan.buckets, plan.ipc_bucket_offsets) for t in bucket.tensors]
+        nbytes = sum(b.nbytes for b in plan.buckets)
+        self._begin(plan.version, len(plan.buckets))
+        with self._engine_lock:
+            self._set_version(UNKNOWN_VERSION)
+            self._engine.load_weights_ipc(plan.ipc, entries)
+        self._pending_loaded = {b.index for b in plan.buckets}
+        if self._metrics:
+            self._metrics.weights_loaded("cuda_ipc", nbytes)
+        self._maybe_commit("cuda_ipc")
 
     def _join(self, plan: CollectivePlan, device: torch.device) -> _Group:
         if self._group is not None and self._group.id == plan.group_id:

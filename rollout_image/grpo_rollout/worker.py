@@ -97,9 +97,6 @@ class RolloutWorker:
         self.storage = storage
         self.worker_id = worker_id
         self.metrics = metrics
-        shaping = spec.reward.overlong_buffer
-        if shaping.enable and shaping.len <= 0:
-            raise ValueError("spec.reward.overlongBuffer.len: must be > 0 when overlongBuffer.enable is true")
         self.engine_lock = threading.Lock()  # generation and weight loading take turns
         self.weights = WeightReceiver(engine, self.engine_lock, metrics)
         metrics.set_policy_version(engine.policy_version)

@@ -76,7 +76,7 @@ extendedKeyUsage = serverAuth
 subjectKeyIdentifier = hash
 authorityKeyIdentifier = keyid,issuer
 subjectAltName = DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,\
-DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:127.0.0.1,IP:{service_ip}
+DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:127.0.0.1,IP:{service_ip},IP:{host}
 """
 # P-256 keys: generated in milliseconds (RSA would cost seconds on a small machine).
 _EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-noenc"]
@@ -113,8 +113,18 @@ class ControlPlaneError(RuntimeError):
 
 
 class ControlPlane:
-    def __init__(self, bin_dir: Path | None = None, workdir: Path | None = None):
+    """`host`: the address every component listens on (tests/e2e uses a non-loopback one in a
+    network namespace, so that a kubelet and pods can reach the apiserver). `preexec`: runs in
+    each child before exec, after the parent-death signal is set (e.g. to enter that namespace).
+    `controllers` and `apiserver_args` replace or extend the defaults."""
+
+    def __init__(self, bin_dir: Path | None = None, workdir: Path | None = None, *, host: str = "127.0.0.1",
+                 preexec=None, controllers: tuple[str, ...] = CONTROLLERS, apiserver_args: tuple[str, ...] = ()):
         self.bin_dir = Path(bin_dir or default_bin_dir())
+        self.host = host
+        self._preexec = preexec
+        self.controllers = controllers
+        self.apiserver_args = apiserver_args
         self._own_workdir = workdir is None
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="grpo-controlplane-"))
         self.procs: dict[str, subprocess.Popen] = {}
@@ -124,7 +134,7 @@ class ControlPlane:
 
     @property
     def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"https://{self.host}:{self.port}"
 
     # ----- lifecycle -----------------------------------------------------------------------
 
@@ -171,7 +181,7 @@ class ControlPlane:
 
     def _make_certs(self) -> None:
         """A CA, the apiserver's serving cert, client certs, and the service-account key pair."""
-        (self.dir / "openssl.cnf").write_text(_OPENSSL_CNF.format(service_ip=SERVICE_IP))
+        (self.dir / "openssl.cnf").write_text(_OPENSSL_CNF.format(service_ip=SERVICE_IP, host=self.host))
         cnf = ["-config", "openssl.cnf"]
         self._openssl("req", "-x509", *cnf, "-extensions", "ca", *_EC, "-days", "7",
                       "-subj", "/CN=grpo-test-ca", "-keyout", "ca.key", "-out", "ca.crt")
@@ -188,25 +198,30 @@ class ControlPlane:
         self._openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "sa.key")
         self._openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub")
 
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+    def _spawn(self, name: str, args: list[str], binary: str | None = None) -> subprocess.Popen:
         with open(self.dir / f"{name}.log", "wb") as log:
             proc = subprocess.Popen(
-                [str(self.bin_dir / name), *args], stdin=subprocess.DEVNULL, stdout=log,
+                [binary or str(self.bin_dir / name), *args], stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, cwd=self.dir,
                 start_new_session=True,  # its own process group: stop() kills it and any child
-                preexec_fn=_die_with_parent)
+                preexec_fn=self._child_setup)
         self.procs[name] = proc
         return proc
 
+    def _child_setup(self) -> None:
+        _die_with_parent()
+        if self._preexec:
+            self._preexec()
+
     def _start_etcd(self, deadline: float) -> None:
         client, peer = _free_port(), _free_port()
-        self.etcd_url = f"http://127.0.0.1:{client}"
+        self.etcd_url = f"http://{self.host}:{client}"
         self._spawn("etcd", [
             "--name=default", f"--data-dir={self.dir / 'etcd'}",
             f"--listen-client-urls={self.etcd_url}", f"--advertise-client-urls={self.etcd_url}",
-            f"--listen-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-cluster=default=http://127.0.0.1:{peer}",
+            f"--listen-peer-urls=http://{self.host}:{peer}",
+            f"--initial-advertise-peer-urls=http://{self.host}:{peer}",
+            f"--initial-cluster=default=http://{self.host}:{peer}",
             "--unsafe-no-fsync",  # test data: durability is not worth the fsync latency
             "--log-level=warn",
         ])
@@ -217,7 +232,7 @@ class ControlPlane:
         d = self.dir
         self._spawn("kube-apiserver", [
             f"--etcd-servers={self.etcd_url}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
+            f"--bind-address={self.host}", f"--advertise-address={self.host}", f"--secure-port={self.port}",
             # The endpoint reconciler refuses a loopback address for the `kubernetes` Service's
             # endpoints; no pod ever runs here to use them.
             "--endpoint-reconciler-type=none",
@@ -230,6 +245,7 @@ class ControlPlane:
             f"--service-account-signing-key-file={d / 'sa.key'}",
             "--allow-privileged=true",
             "--profiling=false",
+            *self.apiserver_args,
         ])
         self._wait("kube-apiserver", f"{self.url}/readyz", deadline, lambda body: body.strip() == "ok")
 
@@ -240,14 +256,14 @@ class ControlPlane:
             f"--kubeconfig={self.kubeconfig}",
             "--leader-elect=false",
             "--use-service-account-credentials=false",  # every controller acts as the admin
-            f"--controllers={','.join(CONTROLLERS)}",
+            f"--controllers={','.join(self.controllers)}",
             f"--service-account-private-key-file={d / 'sa.key'}",
             f"--root-ca-file={d / 'ca.crt'}",
-            "--bind-address=127.0.0.1", f"--secure-port={port}", f"--cert-dir={d / 'kcm-certs'}",
+            f"--bind-address={self.host}", f"--secure-port={port}", f"--cert-dir={d / 'kcm-certs'}",
             "--profiling=false",
         ])
         # /healthz is served without authentication; its cert is self-signed.
-        self._wait("kube-controller-manager", f"https://127.0.0.1:{port}/healthz", deadline,
+        self._wait("kube-controller-manager", f"https://{self.host}:{port}/healthz", deadline,
                    lambda body: body.strip() == "ok", verify=False)
         # Healthy isn't working yet: the `default` ServiceAccount appears once the controllers
         # run, and without it no pod can be created in the namespace.

@@ -3,6 +3,7 @@
 - a reward function that can be told, from the test, to hold one rollout server in the middle of
   a Generate call (after its N-th reward call), so a kill lands at a known point of the run;
 - a versitygw S3 server the test can stop and start again on the same port and data;
+- a writer SIGKILLed in the middle of writing a large object;
 - the accepted rollout shards of a step, killing a process tree, reading a run's step tables.
 
 The process helpers (rollout servers, the trainer under torchrun, `grpo run`) are the
@@ -19,6 +20,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -26,7 +28,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from integration_helpers import descendants, wait_until
+from integration_helpers import child_env, descendants, wait_until
 
 # --- a reward that holds a server mid-Generate on the test's cue ----------------------------------
 
@@ -125,6 +127,60 @@ def paused(pid: int):
 def trainer_log_tail(path: Path, chars: int = 8000) -> str:
     return path.read_text(errors="replace")[-chars:] if path.exists() else "(no trainer log)"
 
+
+# --- a writer SIGKILLed mid-write ---------------------------------------------------------------
+
+WRITER = """
+import os, sys
+from grpo_api.spec import StorageSpec
+from grpo_api.storage import Storage
+uri, size = sys.argv[1], int(sys.argv[2])
+storage = Storage(StorageSpec(endpoint=os.environ.get("S3_ENDPOINT") or None))
+version = 0
+while True:
+    version += 1
+    storage.write_bytes(uri, bytes([version % 251]) * size)
+    print(version, flush=True)
+"""
+
+
+def kill_writer_mid_write(uri: str, size: int, env: dict[str, str]) -> int:
+    """Start a process that rewrites `uri` again and again; SIGKILL it halfway through a write
+    (timed from the previous ones). Returns the last version it reported complete."""
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, uri, str(size)], stdout=subprocess.PIPE,
+                            env=child_env(**env), text=True)
+    try:
+        stamps = []
+        for line in proc.stdout:
+            stamps.append((int(line), time.monotonic()))
+            if len(stamps) == 3:
+                break
+        assert len(stamps) == 3, f"the writer exited with {proc.wait()}"
+        period = (stamps[-1][1] - stamps[0][1]) / 2
+        time.sleep(period / 2)
+    finally:
+        kill_tree(proc.pid)
+        proc.wait()
+    return stamps[-1][0]
+
+
+
+def kill_writer_leaving(uri: str, size: int, env: dict[str, str], leftover, tries: int = 20) -> None:
+    """Start the writer of kill_writer_mid_write; once it wrote `uri` whole at least once, SIGKILL
+    it as soon as `leftover()` (what a write under way shows: a temporary file, an incomplete
+    upload) is true. Again, if the kill came just after that write ended, until it is left."""
+    for _ in range(tries):
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, uri, str(size)], stdout=subprocess.PIPE,
+                                env=child_env(**env), text=True)
+        try:
+            assert proc.stdout.readline(), f"the writer exited with {proc.wait()}"
+            wait_until(leftover, 60, interval=0.002, what="a write under way")
+        finally:
+            kill_tree(proc.pid)
+            proc.wait()
+        if leftover():
+            return
+    raise AssertionError(f"no kill of the writer of {uri} left anything in {tries} tries")
 
 # --- run artefacts ------------------------------------------------------------------------------
 

@@ -124,8 +124,13 @@ def _break(case: str, tmp: Path, train: Path) -> tuple[dict, list[str]]:
     if case == "model-path-missing":
         return {"model": {"path": str(tmp / "no-model")}}, []
     if case == "resume-from-an-incomplete-checkpoint":
-        (tmp / "ckpt" / "step-3").mkdir(parents=True)          # DCP files may be there; no manifest
-        return {"resume": f"file://{tmp}/ckpt/step-3"}, []
+        (tmp / "runs" / "default" / "bad" / "checkpoints" / "step-3").mkdir(parents=True)   # DCP files, no manifest
+        return {"storage": {"uri": f"file://{tmp}/runs"},
+                "resume": f"file://{tmp}/runs/default/bad/checkpoints/step-3"}, []
+    if case == "resume-from-outside-the-job":
+        (tmp / "elsewhere" / "step-3").mkdir(parents=True)
+        (tmp / "elsewhere" / "step-3" / "manifest.json").write_text("{}")
+        return {"storage": {"uri": f"file://{tmp}/runs"}, "resume": f"file://{tmp}/elsewhere/step-3"}, []
     if case == "storage-read-only":
         (tmp / "ro").mkdir()
         return {"storage": {"uri": f"file://{tmp}/ro/runs"}}, _read_only_prefix(tmp / "ro")
@@ -146,7 +151,11 @@ MESSAGES = {
     "prompt-overlong-truncation-error": "error: {tmp}/t.parquet: row 5 has a ",
     "model-path-missing": "error: spec.model.path: '{tmp}/no-model' does not exist",
     "resume-from-an-incomplete-checkpoint":
-        "error: spec.resume: file://{tmp}/ckpt/step-3 is not a complete checkpoint (no manifest.json)",
+        "error: spec.resume: file://{tmp}/runs/default/bad/checkpoints/step-3 is not a complete checkpoint "
+        "(no manifest.json)",
+    "resume-from-outside-the-job":
+        "error: spec.resume: file://{tmp}/elsewhere/step-3 is not one of this job's checkpoints "
+        "(file://{tmp}/runs/default/bad/checkpoints/step-N): a job resumes only from its own checkpoints",
     "storage-read-only": "error: spec.storage.uri: can't write the run's files under file://{tmp}/ro/runs/default/bad: "
                          "write file://{tmp}/ro/runs/default/bad/",
     "storage-under-a-file": "error: spec.storage.uri: can't write the run's files under file://{tmp}/ro/runs/default/bad",

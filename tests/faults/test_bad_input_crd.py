@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
+from pathlib import Path
+
+import yaml
 
 import pytest
 
 from unit.test_spec import INVALID_SPECS, job_with
 
 pytestmark = [pytest.mark.faults, pytest.mark.controlplane]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _kubectl(kubectl_bin, cp, *args, stdin: str | None = None):
@@ -28,6 +33,8 @@ def _kubectl(kubectl_bin, cp, *args, stdin: str | None = None):
 
 
 def _body(name: str, changes: dict) -> dict:
+    # A cluster job needs storage every pod reaches (refused otherwise: see below).
+    changes = {"storage.uri": "s3://bucket/runs", **changes}
     return {"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob", "metadata": {"name": name}, **job_with(**changes)}
 
 
@@ -60,3 +67,50 @@ def test_every_invalid_spec_is_refused_by_the_api_server_naming_the_field(grpojo
     # nothing was created
     got = _kubectl(kubectl_bin, control_plane, "get", "grpojobs", "-n", namespace, "-o", "name")
     assert got.returncode == 0 and got.stdout.strip() == "", got.stdout
+
+
+# --- what only a cluster job must keep (issue 22) ----------------------------------------------------
+
+def _apply(kubectl_bin, cp, namespace, text: str):
+    return _kubectl(kubectl_bin, cp, "apply", "-n", namespace, "-f", "-", stdin=text)
+
+
+def test_a_job_without_storage_every_pod_reaches_is_refused_at_apply(grpojob_crd, control_plane, kubectl_bin,
+                                                                      namespace):
+    """`grpo run` defaults the storage to ./outputs; pods have no shared folder, so the API server
+    refuses the job before anything is created (not the operator, after `created`)."""
+    quickstart = (REPO / "examples" / "quickstart.yaml").read_text()
+    for text in (quickstart, json.dumps(_body("relative", {"storage.uri": "file://runs"}))):
+        out = _apply(kubectl_bin, control_plane, namespace, text)
+        assert out.returncode != 0, out.stdout
+        assert "spec.storage.uri" in out.stderr and "required on Kubernetes" in out.stderr, out.stderr
+    ok = _apply(kubectl_bin, control_plane, namespace, json.dumps(_body("absolute", {"storage.uri": "file:///mnt/runs"})))
+    assert ok.returncode == 0, ok.stderr
+
+
+@pytest.mark.parametrize("length", [51, 64])
+def test_an_over_long_name_is_refused_at_apply(grpojob_crd, control_plane, kubectl_bin, namespace, length):
+    out = _apply(kubectl_bin, control_plane, namespace, json.dumps(_body("x" * length, {})))
+    assert out.returncode != 0, out.stdout
+    assert "metadata.name must be at most 50 characters" in out.stderr, out.stderr
+    fits = _apply(kubectl_bin, control_plane, namespace, json.dumps(_body("x" * 50, {})))
+    assert fits.returncode == 0, fits.stderr
+
+
+def test_a_bare_n_key_is_caught_by_grpo_validate_as_kubectl_would_refuse_it(grpojob_crd, control_plane,
+                                                                           kubectl_bin, namespace, tmp_path):
+    # spec is the document's last key: the appended section is spec.rollout
+    text = yaml.safe_dump(_body("bare-n", {}), sort_keys=False) + "  rollout:\n    n: 5\n"
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    refused = _apply(kubectl_bin, control_plane, namespace, text)
+    assert refused.returncode != 0 and "spec.rollout.false" in refused.stderr, refused.stderr
+    out = subprocess.run([sys.executable, "-m", "grpo_api.cli", "validate", str(path)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 1, out.stdout
+    assert 'spec.rollout.n: quote the key, "n": 5 (line ' in out.stderr, out.stderr
+    assert "spec.rollout.false" in out.stderr
+    path.write_text(text.replace("    n: 5", '    "n": 5'))
+    quoted = subprocess.run([sys.executable, "-m", "grpo_api.cli", "validate", str(path)], capture_output=True,
+                            text=True, timeout=60)
+    assert quoted.returncode == 0, quoted.stderr

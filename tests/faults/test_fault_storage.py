@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import subprocess
-import sys
 import threading
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -21,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from faults_helpers import Hold, kill_tree, paused, trainer_log_tail
+from faults_helpers import Hold, kill_tree, kill_writer_leaving, kill_writer_mid_write, paused, trainer_log_tail
 from grpo_api.storage import StorageError
 from integration_helpers import child_env, start_rollout_servers, trainer_argv, wait_until, write_job
 
@@ -86,40 +87,6 @@ def test_a_local_write_that_cannot_happen_names_operation_and_uri(tmp_path):
 
 # --- a writer SIGKILLed mid-write: the object is one whole version or absent -----------------------
 
-WRITER = """
-import os, sys
-from grpo_api.spec import StorageSpec
-from grpo_api.storage import Storage
-uri, size = sys.argv[1], int(sys.argv[2])
-storage = Storage(StorageSpec(endpoint=os.environ.get("S3_ENDPOINT") or None))
-version = 0
-while True:
-    version += 1
-    storage.write_bytes(uri, bytes([version % 251]) * size)
-    print(version, flush=True)
-"""
-
-
-def _kill_writer_mid_write(uri: str, size: int, env: dict[str, str]) -> int:
-    """Start a process that rewrites `uri` again and again; SIGKILL it halfway through a write
-    (timed from the previous ones). Returns the last version it reported complete."""
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, uri, str(size)], stdout=subprocess.PIPE,
-                            env=child_env(**env), text=True)
-    try:
-        stamps = []
-        for line in proc.stdout:
-            stamps.append((int(line), time.monotonic()))
-            if len(stamps) == 3:
-                break
-        assert len(stamps) == 3, f"the writer exited with {proc.wait()}"
-        period = (stamps[-1][1] - stamps[0][1]) / 2
-        time.sleep(period / 2)
-    finally:
-        kill_tree(proc.pid)
-        proc.wait()
-    return stamps[-1][0]
-
-
 def _check_whole(data: bytes | None, size: int, last_done: int) -> None:
     assert data is not None, "the object vanished"
     assert len(data) == size, f"a partial object: {len(data)} of {size} bytes"
@@ -132,7 +99,7 @@ def test_a_local_writer_killed_mid_write_leaves_a_whole_file(tmp_path):
     from grpo_api.storage import Storage
     size = 48 << 20
     uri = f"file://{tmp_path}/run/rollouts/step-1/shard.parquet"
-    last = _kill_writer_mid_write(uri, size, {})
+    last = kill_writer_mid_write(uri, size, {})
     storage = Storage()
     _check_whole(storage.read_bytes(uri), size, last)
     # a temp file cut short may be left on disk, but never listed (readers list, then read)
@@ -143,10 +110,54 @@ def test_a_local_writer_killed_mid_write_leaves_a_whole_file(tmp_path):
 def test_an_s3_writer_killed_mid_upload_leaves_a_whole_object(s3):
     size = 24 << 20                # above pyarrow's part size: a multipart upload
     uri = f"s3://{s3.BUCKET}/run/rollouts/step-1/shard.parquet"
-    last = _kill_writer_mid_write(uri, size, {**s3.env(), "S3_ENDPOINT": s3.endpoint})
+    last = kill_writer_mid_write(uri, size, {**s3.env(), "S3_ENDPOINT": s3.endpoint})
     storage = s3.storage()
     _check_whole(storage.read_bytes(uri), size, last)
     assert storage.list(f"s3://{s3.BUCKET}/run/rollouts/step-1") == [uri]
+
+
+@pytest.mark.parametrize("backend", ["file", pytest.param("s3", marks=pytest.mark.s3)])
+def test_leftovers_of_killed_writers_are_removed_at_the_jobs_next_start(backend, tmp_path, request):
+    """Writers SIGKILLed mid-write in a job's prefix and in another job's leave a temporary file
+    (file://) or an incomplete multipart upload (S3). At the job's next start (the trainer calls
+    `clean_leftovers` on its root with its start time) the job's leftovers go, and nothing else:
+    not the other job's, not the whole objects, not a write begun after the start."""
+    from grpo_api.storage import Storage
+    if backend == "s3":
+        s3 = request.getfixturevalue("s3")
+        base, env, storage = f"s3://{s3.BUCKET}/runs/default", {**s3.env(), "S3_ENDPOINT": s3.endpoint}, s3.storage()
+        client = storage._s3_client()
+
+        def leftovers(root: str) -> list[str]:
+            return sorted(u.key for u in client.list_uploads(s3.BUCKET, root.removeprefix(f"s3://{s3.BUCKET}/") + "/"))
+    else:
+        base, env, storage = f"file://{tmp_path}/runs/default", {}, Storage()
+
+        def leftovers(root: str) -> list[str]:
+            return sorted(str(p) for p in Path(root.removeprefix("file://")).rglob(".tmp-*"))
+    job, other = f"{base}/job", f"{base}/job-2"              # one a prefix of the other's name
+    for root in (job, other):
+        kill_writer_leaving(f"{root}/rollouts/step-1/shard.parquet", 24 << 20, env, lambda r=root: leftovers(r))
+    left_by_other = leftovers(other)
+    started = time.time()
+    time.sleep(math.ceil(started) - started + 0.1)           # S3 stamps an upload's start in whole seconds
+    fs, path = storage.resolve(f"{job}/rollouts/step-2/shard.parquet")
+    if backend == "s3":
+        now_writing = fs.open_output_stream(path)            # an upload of now, under way
+        now_writing.write(b"n" * (24 << 20))
+    else:
+        Path(path).parent.mkdir(parents=True)
+        now_writing = open(Path(path).parent / ".tmp-shard.parquet.now", "wb")
+        now_writing.write(b"n")
+        now_writing.flush()
+    assert len(leftovers(job)) == 2
+    removed = storage.clean_leftovers(job, before=started)
+    assert len(removed) == 1 and removed[0].startswith(f"{job}/rollouts/step-1/"), removed
+    assert len(leftovers(job)) == 1 and "step-2" in leftovers(job)[0]           # the write of now is kept
+    assert leftovers(other) == left_by_other                                      # another job's: not ours
+    now_writing.close()
+    for root in (job, other):                  # the objects themselves: whole, untouched
+        assert len(storage.read_bytes(f"{root}/rollouts/step-1/shard.parquet")) == 24 << 20
 
 
 # --- a reader while the object is being replaced: one whole version ------------------------------------

@@ -79,8 +79,8 @@ def test_trainer_killed_mid_step_resumes_from_the_last_complete_checkpoint(tmp_p
         resumed = run_trainer(job, rollout=server.address, token=token, nproc=1, log_path=tmp_path / "resumed.log")
         assert resumed.returncode == 0, resumed.output[-8000:]
         assert f"Resumed from file://{root}/checkpoints/step-2 (step 2, policy version 2)" in resumed.output
-        assert "Step 1:" not in resumed.output and "Step 2:" not in resumed.output   # kept, not redone
-        assert "Step 3:" in resumed.output and "Step 4:" in resumed.output           # redone / new
+        assert "Step 1 / " not in resumed.output and "Step 2 / " not in resumed.output   # kept, not redone
+        assert "Step 3 / " in resumed.output and "Step 4 / " in resumed.output           # redone / new
 
         # 4. The same job without a fault, on the same server.
         straight = run_trainer(reference_job, rollout=server.address, token=token, nproc=1,

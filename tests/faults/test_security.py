@@ -1,12 +1,13 @@
-"""Security properties (issue 12, DESIGN.md §8) checked on real processes and a real control
-plane: oversize gRPC messages are refused; no secret (the RPC token, the S3 secret key) reaches
-a log, a file of the run, the object store or /metrics; the operator's ServiceAccount is denied
-what it doesn't need; nothing from the network is unpickled.
+"""Security properties (issue 12, docs/ARCHITECTURE.md §8) checked on real processes and a real control
+plane: oversize gRPC messages are refused; no secret (the RPC token, the S3 secret key, the TLS
+private key, the checkpoint key) reaches a log, a file of the run, the object store or /metrics,
+and each process gets only its own; the operator's ServiceAccount is denied what it doesn't need;
+nothing from the network is unpickled.
 
 Covered elsewhere, not repeated here: calls without / with a wrong token are UNAUTHENTICATED
 (tests/rollout/test_server.py::test_calls_without_the_right_token_are_refused); the token is
 only in the Secret, never in the spec ConfigMap or another child
-(tests/operator/test_operator_manifests.py::test_token_only_in_the_secret); pods are non-root
+(tests/operator/test_operator_manifests.py::test_secrets_only_in_the_secret_and_each_role_gets_its_own); pods are non-root
 without privilege escalation (…::test_pods_are_locked_down); the NetworkPolicy
 (…::test_network_policy); the chart's RBAC rules are exactly the operator's calls
 (tests/chart/test_chart.py::test_rbac_is_least_privilege).
@@ -81,9 +82,11 @@ def test_oversize_messages_are_refused_and_the_server_goes_on(tmp_path, tiny_mod
 def test_no_secret_in_logs_files_objects_or_metrics(tmp_path, tiny_model, train_data, s3, monkeypatch):
     """`grpo run` on S3 storage, with the S3 secret key and an RPC token in its environment set
     to recognisable values. The launcher gives its processes a fresh token of its own: that one
-    is read from a rollout server's environment during the run. Neither value may appear in the
+    is read from a rollout server's environment during the run, with its TLS key. None of these,
+    nor the run's checkpoint key (in <run>/checkpoint.key, 0600, alone), may appear in the
     launcher's output, any file of the run (spec, logs), any object the run wrote (parquet
-    shards, checkpoints, metrics, progress) or the rollout server's /metrics."""
+    shards, checkpoints, metrics, progress) or the rollout server's /metrics. The rollout server
+    serves TLS and never gets the checkpoint key; the trainer gets the CA, not the TLS key."""
     hold = Hold(tmp_path / "hold")
     job = write_job(tmp_path / "job.yaml", name="secrets", model=tiny_model, train=train_data, storage=tmp_path,
                     reward={"function": hold.function, "workers": 1, "timeoutSeconds": 600},
@@ -105,9 +108,10 @@ def test_no_secret_in_logs_files_objects_or_metrics(tmp_path, tiny_model, train_
                                 what="the rollout server")
         hold.arm(server_pid, after=4 * 4)                  # held in step 2: the run is in full swing
         hold.wait_holding(server_pid, 300, also=lambda: run.proc.poll() is not None)
-        environ = dict(kv.split("=", 1) for kv in Path(f"/proc/{server_pid}/environ").read_bytes().decode()
-                       .split("\0") if "=" in kv)
+        environ = _environ(server_pid)
         token = environ["GRPO_RPC_TOKEN"]
+        trainer_pid = next(p for p in descendants(run.proc.pid) if "trainer" in cmdline(p) and "--spec" in cmdline(p))
+        trainer_env = _environ(trainer_pid)
         local_root = cwd / "outputs" / "it" / "secrets"
         ready = next(ln for ln in (local_root / "logs" / "rollout-0.log").read_text().splitlines()
                      if ln.startswith(READY_PREFIX))
@@ -122,12 +126,21 @@ def test_no_secret_in_logs_files_objects_or_metrics(tmp_path, tiny_model, train_
             run.kill_tree()
     assert code == 0, run.log()[-6000:]
     assert token != given_token and len(token) >= 32        # a fresh random token, not the one given
+    assert json.loads(ready[len(READY_PREFIX):])["tls"] is True
+    key_file = local_root / "checkpoint.key"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    checkpoint_key = key_file.read_text().strip()
+    assert "GRPO_CHECKPOINT_KEY" not in environ and "GRPO_TLS_CA" not in environ
+    assert trainer_env["GRPO_CHECKPOINT_KEY"] == checkpoint_key and "BEGIN CERTIFICATE" in trainer_env["GRPO_TLS_CA"]
+    assert "GRPO_TLS_KEY" not in trainer_env and trainer_env["GRPO_RPC_TOKEN"] == token
+    tls_key = "".join(environ["GRPO_TLS_KEY"].strip().splitlines()[1:-1])      # the PEM's base64 body
     secrets_ = {"RPC token": token.encode(), "given RPC token": given_token.encode(),
-                "S3 secret key": S3Process.SECRET.encode()}
+                "S3 secret key": S3Process.SECRET.encode(), "TLS private key": tls_key.encode(),
+                "checkpoint key": checkpoint_key.encode()}
     haystacks: dict[str, bytes] = {"launcher output": run.log().encode(), "rollout /metrics": metrics}
     assert b"grpo_rollout_samples_total" in metrics
     for path in local_root.rglob("*"):
-        if path.is_file():
+        if path.is_file() and path != key_file:
             haystacks[str(path)] = path.read_bytes()
     storage = s3.storage()
     objects = [u for u in storage.list(f"s3://{S3Process.BUCKET}/runs", recursive=True) if not storage.list(u)]
@@ -141,6 +154,10 @@ def test_no_secret_in_logs_files_objects_or_metrics(tmp_path, tiny_model, train_
     leaks = [f"{what} in {where}" for where, data in haystacks.items() for what, secret in secrets_.items()
              if secret in data]
     assert not leaks, leaks
+
+
+def _environ(pid: int) -> dict[str, str]:
+    return dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if "=" in kv)
 
 
 # --- the operator's ServiceAccount, with the chart's RBAC, on a real API server ------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -35,8 +36,14 @@ def grpo_cli() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "grpo_api.cli"]
 
 
+CHECKPOINT_KEY = secrets.token_hex(32)
+"""The trainers' checkpoint key (GRPO_CHECKPOINT_KEY) in these tests: one per session, so a
+resumed trainer has the key of the run it resumes, as a job's pods do."""
+
+
 def child_env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "GRPO_CHECKPOINT_KEY": CHECKPOINT_KEY}
     env.update(extra)
     return env
 

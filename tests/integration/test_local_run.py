@@ -3,7 +3,8 @@ subprocess, in its own cwd; GRPO_CACHE in a temp folder so the builtin:// model 
 built there), shortened with --set.
 
 - the quickstart learns: its reward rises by more than the same run with a learning rate too
-  small to change anything (lr must be > 0) could show;
+  small to change anything (lr must be > 0) could show; so does it with rollout t+1 generated
+  while step t trains (rollout.maxStaleness 1);
 - a SIGKILLed rollout server is restarted by the launcher and the run completes every step;
 - Ctrl-C (SIGINT to `grpo run`) exits 130 and leaves no process and no port behind; running the
   same command again resumes from the last checkpoint;
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -21,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from integration_helpers import (QUICKSTART, LauncherRun, alive, cmdline, descendants, grpo_cli, parent, port_in_use,
-                                 read_metrics, wait_until)
+from integration_helpers import (QUICKSTART, LauncherRun, alive, child_env, cmdline, descendants, grpo_cli, parent,
+                                 port_in_use, read_metrics, wait_until)
 
 pytestmark = pytest.mark.integration
 
@@ -39,13 +41,15 @@ CONTROL_LR = 1e-12         # trainer.lr must be > 0: this one moves no weight th
 
 @pytest.fixture(scope="module")
 def learning_runs(tmp_path_factory, grpo_cache):
-    """The quickstart, shortened, and the same run with a ~zero learning rate, side by side."""
+    """The quickstart, shortened, the same with rollout.maxStaleness 1, and with a ~zero learning
+    rate, side by side."""
     tmp = tmp_path_factory.mktemp("quickstart")
     # Both launchers start on an empty GRPO_CACHE (when this module runs first): they build the
     # builtin:// model and data at the same time, which must not corrupt either.
     runs = {name: LauncherRun(QUICKSTART, _mkdir(tmp / name), grpo_cache,
                               [*SHORT, f"trainer.totalSteps={LEARN_STEPS}", *extra])
-            for name, extra in (("learn", []), ("control", [f"trainer.lr={CONTROL_LR}"]))}
+            for name, extra in (("learn", []), ("stale", ["rollout.maxStaleness=1"]),
+                                ("control", [f"trainer.lr={CONTROL_LR}"]))}
     for name, run in runs.items():
         code = run.wait(900)
         assert code == 0, f"{name}: {run.log()[-6000:]}"
@@ -64,11 +68,12 @@ def _reward_gain(run_dir: Path) -> tuple[float, float]:
     return statistics.fmean(reward[:K]), statistics.fmean(reward[-K:])
 
 
-def test_quickstart_reward_rises_beyond_a_no_learning_control(learning_runs):
-    learn_first, learn_last = _reward_gain(learning_runs["learn"])
+@pytest.mark.parametrize("run", ["learn", "stale"])
+def test_quickstart_reward_rises_beyond_a_no_learning_control(learning_runs, run):
+    learn_first, learn_last = _reward_gain(learning_runs[run])
     ctrl_first, ctrl_last = _reward_gain(learning_runs["control"])
     learn_gain, ctrl_gain = learn_last - learn_first, ctrl_last - ctrl_first
-    detail = (f"learning run {learn_first:.3f} -> {learn_last:.3f} (+{learn_gain:.3f}); "
+    detail = (f"{run} run {learn_first:.3f} -> {learn_last:.3f} (+{learn_gain:.3f}); "
               f"control (lr={CONTROL_LR}) {ctrl_first:.3f} -> {ctrl_last:.3f} ({ctrl_gain:+.3f})")
     print(detail)
     # The control resamples (almost) the initial policy: its gain is noise, a few thousandths.
@@ -79,6 +84,8 @@ def test_quickstart_reward_rises_beyond_a_no_learning_control(learning_runs):
     assert learn_gain > ctrl_gain + 0.05, detail
     assert learn_last > 3 * ctrl_last + 0.02, detail
     assert all(r["actor/lr"] == pytest.approx(CONTROL_LR) for r in read_metrics(learning_runs["control"]))
+    staleness = [r["rollout/staleness"] for r in read_metrics(learning_runs[run])]
+    assert staleness == [0] + [1 if run == "stale" else 0] * (LEARN_STEPS - 1)
 
 
 def test_grpo_report(learning_runs, tmp_path):
@@ -186,6 +193,13 @@ def test_ctrl_c_stops_everything_and_a_rerun_resumes(tmp_path, grpo_cache):
     out = rerun.log()
     assert code == 0, out[-6000:]
     assert f"Resumed from file://{run_dir.absolute()}/checkpoints/step-{latest} (step {latest}," in out, out[-6000:]
-    first_step = int(out.split(", Step ", 1)[1].split(":", 1)[0])
+    first_step = int(re.search(r"Step (\d+) / \d+ \(epoch \d+\): Generating rollouts", out).group(1))
     assert first_step == latest + 1
     assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, 11))
+    # both launches signed and verified with the run's key, kept in the run folder, owner-only
+    assert (run_dir / "checkpoint.key").stat().st_mode & 0o777 == 0o600
+    # and `grpo export` of the run's checkpoint, as the README has it, verifies with that key
+    env = {k: v for k, v in child_env().items() if k != "GRPO_CHECKPOINT_KEY"}
+    export = subprocess.run([*grpo_cli(), "export", str(run_dir / "checkpoints" / "step-10"), "--out",
+                             str(tmp_path / "exported")], capture_output=True, text=True, timeout=300, env=env)
+    assert export.returncode == 0 and "Exported step 10" in export.stdout, export.stderr[-3000:]

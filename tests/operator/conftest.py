@@ -8,7 +8,6 @@ the real Job, ReplicaSet and garbage-collector controllers do the rest.
 
 from __future__ import annotations
 
-import json
 import signal
 from pathlib import Path
 
@@ -18,38 +17,25 @@ import pytest
 # the root conftest.py is not in a package).
 from controlplane.cluster import retry
 from controlplane.conftest import admin_client, control_plane, kubectl_bin, namespace  # noqa: F401
-from operator_helpers import eventually, kubectl
-from operator_process import MONITORING_CRDS, OPERATOR_NS, REPO, SERVICE_ACCOUNT, OperatorProcess, render_rbac
+from operator_helpers import kubectl, wait_for_garbage_collector
+from operator_process import (KUEUE_WORKLOAD_CRD, MONITORING_CRDS, OPERATOR_NS, POD_GROUP_CRD, REPO, SERVICE_ACCOUNT,
+                              OperatorProcess, render_rbac)
 
 
 @pytest.fixture(scope="session")
 def cluster_crds(control_plane, kubectl_bin):
-    """The GRPOJob CRD and the monitoring stubs, Established."""
+    """The GRPOJob CRD, the monitoring stubs, scheduler-plugins' PodGroup and Kueue's Workload
+    CRDs (cut down: tests/operator/crds), Established."""
     kubectl(kubectl_bin, control_plane, "apply", "--server-side", "-f", str(REPO / "crds" / "grpojob.yaml"))
     kubectl(kubectl_bin, control_plane, "apply", "--server-side", "-f", str(MONITORING_CRDS))
+    kubectl(kubectl_bin, control_plane, "apply", "--server-side", "-f", str(POD_GROUP_CRD))
+    kubectl(kubectl_bin, control_plane, "apply", "--server-side", "-f", str(KUEUE_WORKLOAD_CRD))
     # kubectl wait errors out (instead of waiting) while a new CRD's status.conditions is still null.
     retry(lambda: kubectl(kubectl_bin, control_plane, "wait", "--for=condition=Established", "--timeout=60s",
                           "crd/grpojobs.grpo.dev", "crd/podmonitors.monitoring.coreos.com",
-                          "crd/servicemonitors.monitoring.coreos.com"))
-    _wait_for_garbage_collector(control_plane, kubectl_bin)
-
-
-def _wait_for_garbage_collector(cp, kubectl_bin) -> None:
-    """The garbage collector learns about a new CRD at its next discovery sync (every 30 s in
-    kube-controller-manager); until then children of a deleted GRPOJob stay. A real cluster has
-    had the CRD for long; here, delete a probe owner until its dependent goes."""
-    ns = "gc-probe"
-    kubectl(kubectl_bin, cp, "create", "namespace", ns)
-    owner = json.loads(kubectl(kubectl_bin, cp, "-n", ns, "create", "-o", "json", "-f", "-", stdin=json.dumps({
-        "apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob", "metadata": {"name": "probe"},
-        "spec": {"model": {"path": "m"}, "data": {"trainFiles": ["t"]}}})).stdout)
-    kubectl(kubectl_bin, cp, "-n", ns, "create", "-f", "-", stdin=json.dumps({
-        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "dependent", "ownerReferences": [{
-            "apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob", "name": "probe", "uid": owner["metadata"]["uid"]}]}}))
-    kubectl(kubectl_bin, cp, "-n", ns, "delete", "grpojob", "probe")
-    eventually(lambda: kubectl(kubectl_bin, cp, "-n", ns, "get", "configmap", "dependent", check=False).returncode,
-               timeout=90, interval=1, what="the garbage collector to know GRPOJobs")
-    kubectl(kubectl_bin, cp, "delete", "namespace", ns, "--wait=false")
+                          "crd/servicemonitors.monitoring.coreos.com", "crd/podgroups.scheduling.x-k8s.io",
+                          "crd/workloads.kueue.x-k8s.io"))
+    wait_for_garbage_collector(control_plane, kubectl_bin)
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import json
+import secrets
 import socket
 import subprocess
 import time
@@ -68,3 +70,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_for_garbage_collector(cp, kubectl_bin) -> None:
+    """The garbage collector learns about a new CRD at its next discovery sync (every 30 s in
+    kube-controller-manager); until then children of a deleted GRPOJob stay. A real cluster has
+    had the CRD for long; here, delete a probe owner until its dependent goes."""
+    ns = f"gc-probe-{secrets.token_hex(3)}"
+    kubectl(kubectl_bin, cp, "create", "namespace", ns)
+    owner = json.loads(kubectl(kubectl_bin, cp, "-n", ns, "create", "-o", "json", "-f", "-", stdin=json.dumps({
+        "apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob", "metadata": {"name": "probe"},
+        "spec": {"model": {"path": "m"}, "data": {"trainFiles": ["t"]}, "storage": {"uri": "s3://b/p"}}})).stdout)
+    kubectl(kubectl_bin, cp, "-n", ns, "create", "-f", "-", stdin=json.dumps({
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "dependent", "ownerReferences": [{
+            "apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob", "name": "probe", "uid": owner["metadata"]["uid"]}]}}))
+    kubectl(kubectl_bin, cp, "-n", ns, "delete", "grpojob", "probe")
+    eventually(lambda: kubectl(kubectl_bin, cp, "-n", ns, "get", "configmap", "dependent", check=False).returncode,
+               timeout=90, interval=1, what="the garbage collector to know GRPOJobs")
+    kubectl(kubectl_bin, cp, "delete", "namespace", ns, "--wait=false")

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -21,6 +22,8 @@ RELEASE = "grpo"
 SERVICE_ACCOUNT = f"{RELEASE}-grpo-operator"
 
 MONITORING_CRDS = REPO / "tests" / "chart" / "monitoring-crds.yaml"
+POD_GROUP_CRD = REPO / "tests" / "operator" / "crds" / "scheduler-plugins-podgroup.yaml"
+KUEUE_WORKLOAD_CRD = REPO / "tests" / "operator" / "crds" / "kueue-workload.yaml"
 
 
 def helm_bin() -> str:
@@ -48,7 +51,9 @@ class OperatorProcess:
     def __init__(self, kubeconfig: Path, workdir: Path, **settings: str):
         self.workdir = workdir
         self.metrics_port, self.health_port = free_port(), free_port()
-        self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1",
+        # No S3 credentials of the test's own: as the chart's defaults, the operator has none.
+        self.env = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+                    "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1",
                     "GRPO_OPERATOR_RESYNC_SECONDS": "1",
                     "GRPO_OPERATOR_METRICS_PORT": str(self.metrics_port),
                     "GRPO_OPERATOR_LIVENESS_ENDPOINT": f"http://127.0.0.1:{self.health_port}/healthz",
@@ -61,14 +66,27 @@ class OperatorProcess:
     def log_path(self) -> Path:
         return self.workdir / f"operator-{self.starts}.log"
 
-    def start(self) -> "OperatorProcess":
+    def start(self, wait: bool = True) -> "OperatorProcess":
         self.starts += 1
         grpo = Path(sys.executable).parent / "grpo"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen([str(grpo), "operator", "--verbose"], env=self.env, stdout=log,
                                          stderr=subprocess.STDOUT, cwd=self.workdir)
-        eventually(self.healthy, timeout=60, what="the operator's /healthz")
+        if wait:
+            eventually(self.healthy, timeout=60, what="the operator's /healthz")
         return self
+
+    def health(self) -> int | None:
+        """/healthz's HTTP status; None while nothing listens. Fails if the operator exited."""
+        if self.proc.poll() is not None:
+            pytest.fail(f"the operator exited with {self.proc.returncode}:\n{self.log_path.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except OSError:
+            return None
 
     def healthy(self) -> bool:
         if self.proc.poll() is not None:

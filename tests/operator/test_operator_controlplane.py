@@ -86,14 +86,15 @@ class Cluster:
             return pods if len(pods) >= count else None
         return eventually(current, what=f"{count} trainer pods of {name} (attempt {attempt})")
 
-    def kubelet(self, pod, phase, *, waiting=None, exit_code=None):
-        """What the kubelet would report for the pod."""
+    def kubelet(self, pod, phase, *, waiting=None, exit_code=None, message=None):
+        """What the kubelet would report for the pod (`message`: the termination message, which
+        FallbackToLogsOnError fills with the end of the log)."""
         now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         if waiting:
             state = {"waiting": {"reason": waiting, "message": f"{waiting}: pull access denied for the image"}}
         elif exit_code is not None:
             state = {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
-                                    "startedAt": now, "finishedAt": now}}
+                                    "startedAt": now, "finishedAt": now, **({"message": message} if message else {})}}
         else:
             state = {"running": {"startedAt": now}}
         c = pod.spec.containers[0]
@@ -116,6 +117,11 @@ class Cluster:
         return [e for e in self.core.list_namespaced_event(self.ns).items
                 if e.involved_object.kind == "GRPOJob" and e.involved_object.name == name]
 
+    def wait_event(self, reason, name="demo"):
+        """The job's first event with `reason`; events are posted after the status is written."""
+        return eventually(lambda: next((e for e in self.events(name) if e.reason == reason), None),
+                          what=f"a {reason} event on {name} (now {[e.reason for e in self.events(name)]})")
+
     def children(self, name="demo") -> dict[str, list]:
         sel = f"grpo.dev/job={name}"
         return {
@@ -135,6 +141,15 @@ def k(admin_client, namespace, storage_root, operator) -> Cluster:
     return Cluster(admin_client, namespace, storage_root)
 
 
+def table(text: str) -> list[dict[str, str]]:
+    """kubectl's table output as rows of {column: cell}, cut at the header's column starts (a
+    cell may be empty)."""
+    header, *lines = text.splitlines()
+    starts = [i for i, ch in enumerate(header) if ch != " " and (i == 0 or header[i - 1] == " ")]
+    cut = lambda line: [line[a:b].strip() for a, b in zip(starts, [*starts[1:], None])]  # noqa: E731
+    return [dict(zip(cut(header), cut(line))) for line in lines]
+
+
 def write_progress(storage_root, ns, name, **progress):
     root = storage_root / ns / name
     root.mkdir(parents=True, exist_ok=True)
@@ -150,8 +165,8 @@ def test_create_makes_owned_children_wired_for_torchrun(k, control_plane, kubect
     assert {kind: [o["metadata"]["name"] if isinstance(o, dict) else o.metadata.name for o in objs]
             for kind, objs in kids.items()} == {
         "configmaps": ["demo-spec"], "secrets": ["demo-rpc"], "services": ["demo-rollout", "demo-trainer"],
-        "jobs": ["demo-trainer"], "deployments": ["demo-rollout"], "networkpolicies": ["demo-rollout"],
-        "podmonitors": ["demo"]}
+        "jobs": ["demo-trainer"], "deployments": ["demo-rollout"],
+        "networkpolicies": ["demo-rollout", "demo-trainer"], "podmonitors": ["demo"]}
     for objs in kids.values():
         for o in objs:
             refs = o["metadata"]["ownerReferences"] if isinstance(o, dict) else o.metadata.owner_references
@@ -172,9 +187,20 @@ def test_create_makes_owned_children_wired_for_torchrun(k, control_plane, kubect
         assert "--master-addr=demo-trainer-0.demo-trainer" in c.args
         assert f"dns:///demo-rollout.{k.ns}.svc.cluster.local:50051" in c.args
         assert c.resources.limits["nvidia.com/gpu"] == "4"
+    # The trainer's c10d port takes only the job's own pods (issue 22).
+    trainer_policy = k.net.read_namespaced_network_policy("demo-trainer", k.ns).spec
+    assert trainer_policy.pod_selector.match_labels == {"grpo.dev/job": "demo", "grpo.dev/role": "trainer"}
+    peers = [p.pod_selector.match_labels for p in trainer_policy.ingress[0]._from]
+    assert peers == [{"grpo.dev/job": "demo", "grpo.dev/role": "trainer"},      # torchrun, NCCL between nodes
+                     {"grpo.dev/job": "demo", "grpo.dev/role": "rollout"}]      # the nccl weight sync
+    assert [p.port for p in trainer_policy.ingress[1].ports] == [9090]
+    # A rollout server whose engine hangs is restarted; loading the model isn't cut short.
+    rollout = eventually(lambda: k.pods("demo", "rollout"), what="rollout pods")[0].spec.containers[0]
+    assert rollout.liveness_probe.http_get.path == "/live?stuckAfterSeconds=1800"
+    assert rollout.startup_probe.http_get.path == "/ready" and rollout.startup_probe.failure_threshold == 360
     assert k.status()["phase"] == "Pending"
     assert k.condition("Created")["status"] == "True"
-    assert "TrainerCreated" in [e.reason for e in k.events()]
+    k.wait_event("TrainerCreated")
 
     k.run_all()
     st = k.wait_phase("Running")
@@ -192,32 +218,64 @@ def test_create_makes_owned_children_wired_for_torchrun(k, control_plane, kubect
     assert out[0].split() == ["NAME", "PHASE", "STEP", "TOTAL", "REWARD", "VAL", "AGE"]
     assert out[1].split()[:6] == ["demo", "Running", "3", "10", "0.625", "0.5"]
 
-    # The token is in the Secret and nowhere else the operator writes.
-    token = k.core.read_namespaced_secret("demo-rpc", k.ns).data["token"]
-    plain = base64.b64decode(token).decode()
-    assert len(plain) == 64
-    assert plain not in json.dumps(k.get()) and plain not in json.dumps(kids["configmaps"][0].data)
+    # The token, the checkpoint key and the TLS key are in the Secret and nowhere else the operator
+    # writes; its certificate is the job CA's, for the rollout Service's name the trainer checks.
+    from cryptography import x509
+    data = {key: base64.b64decode(v).decode() for key, v in k.core.read_namespaced_secret("demo-rpc", k.ns).data.items()}
+    assert set(data) == {"token", "checkpoint-key", "ca.crt", "tls.crt", "tls.key"}
+    assert len(data["token"]) == 64 and len(bytes.fromhex(data["checkpoint-key"])) == 32
+    for plain in (data["token"], data["checkpoint-key"], data["tls.key"]):
+        assert plain not in json.dumps(k.get()) and plain not in json.dumps(kids["configmaps"][0].data)
+    ca, cert = (x509.load_pem_x509_certificate(data[key].encode()) for key in ("ca.crt", "tls.crt"))
+    cert.verify_directly_issued_by(ca)
+    names_in_cert = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert f"demo-rollout.{k.ns}.svc" in names_in_cert.get_values_for_type(x509.DNSName)
 
 
-def test_trainer_failure_restarts_then_fails_after_backoff_limit(k):
-    k.create(**{"runPolicy.backoffLimit": 1})
+CRASH_LOG = "step 3: loss 0.41\nTraceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of memory"
+
+
+def test_trainer_failure_restarts_then_fails_after_backoff_limit(k, control_plane, kubectl_bin):
+    gj = k.create(**{"runPolicy.backoffLimit": 1})
     first = k.trainer_pods(attempt=0)
     old_uid = k.trainer_job().metadata.uid
-    k.kubelet(first[0], "Failed", exit_code=1)      # rank 0 crashed: the Job fails (backoffLimit 0)
+    rank0 = next(p for p in first if p.spec.hostname == "demo-trainer-0")
+    k.kubelet(rank0, "Failed", exit_code=1, message=CRASH_LOG)     # the Job fails (backoffLimit 0)
     st = k.wait_phase("Restarting")
     assert st["restarts"] == 1
     new = eventually(lambda: (j := k.trainer_job()) and j.metadata.uid != old_uid and j, what="a new trainer Job")
     assert new.metadata.labels["grpo.dev/attempt"] == "1"
-    failed_event = next(e for e in k.events() if e.reason == "TrainerFailed")
+    failed_event = k.wait_event("TrainerFailed")
     assert "restart 1 of 1" in failed_event.message and failed_event.type == "Warning"
+    # Why it failed outlives the Job: the exit code and the end of the log (issue 22).
+    exit_line = f"pod {rank0.metadata.name} exited with code 1 (Error): {CRASH_LOG}"
+    assert exit_line in failed_event.message
+    assert k.condition("TrainerFailed")["status"] == "True" and exit_line in k.condition("TrainerFailed")["message"]
+    # ... and the failed attempt's pod stays for `kubectl logs`, owned by the GRPOJob now.
+    (kept,) = [p for p in k.pods("demo", "trainer") if p.metadata.labels["grpo.dev/attempt"] == "0"]
+    assert kept.metadata.name == rank0.metadata.name
+    assert gj["metadata"]["uid"] in [o.uid for o in kept.metadata.owner_references]
 
-    k.kubelet(k.trainer_pods(attempt=1)[1], "Failed", exit_code=1)
+    # Until the next attempt runs.
+    for p in k.trainer_pods(attempt=1):
+        k.kubelet(p, "Running")
+    k.wait_phase("Running")
+    eventually(lambda: not [p for p in k.pods("demo", "trainer") if p.metadata.labels["grpo.dev/attempt"] == "0"],
+               what="the failed attempt's pod deleted once attempt 1 runs")
+    recovered = k.condition("TrainerFailed")
+    assert recovered["status"] == "False" and exit_line in recovered["message"]     # still said
+
+    k.kubelet(k.trainer_pods(attempt=1)[1], "Failed", exit_code=137, message="Killed")
     st = k.wait_phase("Failed")
     assert st["restarts"] == 1 and st["completionTime"]
     failed = k.condition("Failed")
     assert failed["reason"] == "BackoffLimitExceeded" and "runPolicy.backoffLimit=1" in failed["message"]
+    assert "exited with code 137 (Error): Killed" in failed["message"]
     eventually(lambda: k.deployment().spec.replicas == 0, what="rollout scaled to zero")
     assert k.trainer_job().metadata.labels["grpo.dev/attempt"] == "1"   # kept for `kubectl logs`
+    wide = table(kubectl(kubectl_bin, control_plane, "-n", k.ns, "get", "gj", "-o", "wide").stdout)
+    assert list(wide[0])[-3:] == ["RESTARTS", "EPOCH", "REASON"]
+    assert (wide[0]["PHASE"], wide[0]["RESTARTS"], wide[0]["REASON"]) == ("Failed", "1", "BackoffLimitExceeded")
 
 
 def test_success_scales_rollout_to_zero_then_ttl_deletes_the_job(k):
@@ -238,6 +296,21 @@ def test_success_scales_rollout_to_zero_then_ttl_deletes_the_job(k):
     eventually(lambda: not any(k.children().values()), timeout=30, what=f"the garbage collector ({k.children()})")
 
 
+def test_progress_the_operator_cannot_read_is_a_condition_not_a_log_line_per_resync(k, operator):
+    """The chart's defaults give the operator no S3 credentials: say so in the status (why Step,
+    Reward and Val stay empty), once in the log and the events, not at every resync (issue 22)."""
+    k.create(**{"storage.uri": "s3://runs/team-a", "storage.secretRef": "s3-credentials"})
+    c = eventually(lambda: (c := k.condition("ProgressUnreadable")) and c["status"] == "True" and c,
+                   what="the ProgressUnreadable condition")
+    assert c["reason"] == "StorageUnreadable" and "AWS_ACCESS_KEY_ID" in c["message"]
+    assert "operator.storageCredentialsSecret" in c["message"]
+    assert k.wait_event("ProgressUnreadable").type == "Warning"
+    time.sleep(4)                                            # a few resyncs (every second here)
+    logged = [ln for ln in operator.logs().splitlines() if f"{k.ns}/demo: can't read progress" in ln]
+    assert len(logged) == 1, logged
+    assert [e.reason for e in k.events()].count("ProgressUnreadable") == 1
+
+
 def test_image_pull_error_is_surfaced_and_the_pending_deadline_fails_the_job(k):
     k.create(**{"runPolicy.pendingDeadlineSeconds": 8})
     for p in k.trainer_pods():
@@ -245,7 +318,7 @@ def test_image_pull_error_is_surfaced_and_the_pending_deadline_fails_the_job(k):
     eventually(lambda: (c := k.condition("PodsPending")) and c["reason"] == "ErrImagePull" and c,
                what="the pull error in the status")
     assert "pull access denied" in k.condition("PodsPending")["message"]
-    assert any(e.reason == "ErrImagePull" and e.type == "Warning" for e in k.events())
+    assert k.wait_event("ErrImagePull").type == "Warning"
     k.wait_phase("Failed", timeout=30)
     failed = k.condition("Failed")
     assert failed["reason"] == "PendingDeadlineExceeded" and "ErrImagePull" in failed["message"]
@@ -271,7 +344,8 @@ def test_suspend_removes_pods_and_resume_recreates_them(k):
     eventually(lambda: k.trainer_job() is None and k.deployment() is None, what="the pods removed")
     eventually(lambda: k.condition("Suspended")["reason"] == "Suspended", what="suspended")
     assert k.core.read_namespaced_config_map("demo-spec", k.ns).metadata.uid == cm_uid   # the spec stays
-    assert not k.pods()
+    # The Job and the Deployment are gone; the garbage collector deletes their pods after them.
+    eventually(lambda: not k.pods(), what=f"the pods deleted (left: {[p.metadata.name for p in k.pods()]})")
 
     k.patch_spec("demo", {"runPolicy": {"suspend": False}})
     eventually(lambda: k.trainer_job() is not None and k.deployment() is not None, what="the pods recreated")
@@ -279,7 +353,8 @@ def test_suspend_removes_pods_and_resume_recreates_them(k):
     k.run_all(attempt=0)
     st = k.wait_phase("Running")
     assert st["restarts"] == 0 and k.condition("Suspended")["status"] == "False"
-    assert {"Suspended", "Resumed"} <= {e.reason for e in k.events()}
+    k.wait_event("Suspended")
+    k.wait_event("Resumed")
 
 
 def test_rollout_replicas_scale_while_running(k):
@@ -302,14 +377,23 @@ def test_a_spec_made_invalid_while_running_stops_the_job(k):
     eventually(lambda: k.trainer_job() is None, what="the trainer stopped")
 
 
-@pytest.mark.parametrize("spec", [{"trainer": {"nnodes": 4}}, {"model": {"path": "other/model"}},
-                                  {"algorithm": {"clipRatioHigh": 0.28}}])
-def test_the_api_server_refuses_changes_to_immutable_sections(k, spec):
+@pytest.mark.parametrize("spec, field", [
+    ({"trainer": {"nnodes": 4}}, "spec.trainer"), ({"model": {"path": "other/model"}}, "spec.model"),
+    ({"algorithm": {"clipRatioHigh": 0.28}}, "spec.algorithm"),
+    ({"resume": "never"}, "spec.resume"),                                 # a string, not a section
+    # what the running pods never pick up (issue 22): the group size, the engine, the GPUs per server
+    ({"rollout": {"n": 8}}, "spec.rollout.n"), ({"rollout": {"engine": "hf"}}, "spec.rollout.engine"),
+    ({"rollout": {"tensorParallelSize": 1}}, "spec.rollout.tensorParallelSize"),
+    ({"rollout": {"temperature": 0.7}}, "spec.rollout.temperature"),
+])
+def test_the_api_server_refuses_changes_a_running_job_would_not_honour(k, spec, field):
     k.create()
     with pytest.raises(ApiException) as refused:
         k.patch_spec("demo", spec)
     assert refused.value.status == 422
-    assert "can't change while the job exists" in refused.value.body
+    assert f"{field} can't change while the job exists: the pods read it once, at start (only " \
+           "spec.rollout.replicas, spec.rollout.template, spec.runPolicy can change)" in refused.value.body
+    assert k.get()["metadata"]["generation"] == 1
 
 
 def test_delete_garbage_collects_every_child(k):
@@ -322,7 +406,7 @@ def test_delete_garbage_collects_every_child(k):
 
 
 @pytest.mark.parametrize("changes, field", [
-    ({"storage.uri": None}, "spec.storage.uri"),
+    # (a missing storage.uri is refused by the API server now: tests/faults/test_bad_input_crd.py)
     ({"trainer.template": {"spec": {"hostNetwork": True}}}, "spec.trainer.template.spec.hostNetwork"),
 ])
 def test_invalid_job_creates_nothing(k, changes, field):
@@ -330,7 +414,7 @@ def test_invalid_job_creates_nothing(k, changes, field):
     st = k.wait_phase("Failed")
     invalid = k.condition("Invalid")
     assert invalid["status"] == "True" and invalid["reason"] == "InvalidSpec" and invalid["message"].startswith(field)
-    assert any(e.reason == "InvalidSpec" and e.type == "Warning" for e in k.events())
+    assert k.wait_event("InvalidSpec").type == "Warning"
     time.sleep(2)   # a few resyncs: still nothing
     assert not any(k.children().values()) and not k.pods()
     assert st["completionTime"]
@@ -347,7 +431,7 @@ def test_operator_killed_mid_reconcile_leaves_no_duplicates(k, operator):
     tokens = {}
     for n in names:
         try:
-            tokens[n] = k.core.read_namespaced_secret(f"{n}-rpc", k.ns).data["token"]
+            tokens[n] = k.core.read_namespaced_secret(f"{n}-rpc", k.ns).data
         except ApiException:
             pass
     operator.kill(signal.SIGKILL)
@@ -359,14 +443,14 @@ def test_operator_killed_mid_reconcile_leaves_no_duplicates(k, operator):
     for n in names:
         kids = k.children(n)
         assert {kind: len(objs) for kind, objs in kids.items()} == {
-            "configmaps": 1, "secrets": 1, "services": 2, "jobs": 1, "deployments": 1, "networkpolicies": 1,
+            "configmaps": 1, "secrets": 1, "services": 2, "jobs": 1, "deployments": 1, "networkpolicies": 2,
             "podmonitors": 1}
         # Re-applying the Deployment after a restart must not change its template.
         rs = k.apps.list_namespaced_replica_set(k.ns, label_selector=f"grpo.dev/job={n}").items
         assert len(rs) == 1
         assert len(k.trainer_pods(n)) == 2
-        if n in tokens:   # the token a running pod holds stays valid
-            assert k.core.read_namespaced_secret(f"{n}-rpc", k.ns).data["token"] == tokens[n]
+        if n in tokens:   # the token, certificate and checkpoint key a running pod holds stay valid
+            assert k.core.read_namespaced_secret(f"{n}-rpc", k.ns).data == tokens[n]
         st = k.status(n)
         assert st["phase"] == "Pending" and st["restarts"] == 0
         assert k.trainer_job(n).metadata.labels["grpo.dev/attempt"] == "0"

@@ -9,7 +9,7 @@ from grpo_api.spec import GRPOJobStatus, Phase, Progress
 from grpo_operator import lifecycle, pods
 from grpo_operator.conditions import find, fmt_time
 from grpo_operator.lifecycle import Observed, TrainerJob, decide
-from grpo_operator.pods import PodProblem, PodsView
+from grpo_operator.pods import PodExit, PodProblem, PodsView
 from operator_helpers import job
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -239,3 +239,41 @@ def test_pods_view():
     assert [(p.pod, p.reason) for p in v.problems] == [
         ("r-b", "ImagePullBackOff"), ("t-1", "Unschedulable"), ("r-c", "Pending")]
     assert "nvidia.com/gpu" in v.problems[1].describe()
+    assert v.old_trainer == ("t-old",) and v.trainer_finished == () and v.trainer_exits == ()
+
+
+def test_a_failed_attempt_is_explained_and_its_pods_kept_until_the_next_one_runs():
+    crashed = PodExit("t-0", 1, "Error", "Traceback ...\nRuntimeError: CUDA out of memory")
+    failed_pods = PodsView(trainer_finished=("t-0",), trainer_exits=(crashed,))
+    d = step(job(), status(phase=Phase.Running, observed_generation=1), rollout_replicas=2, pods=failed_pods,
+             trainer=TrainerJob(0, "failed", reason="BackoffLimitExceeded", message="Job has reached the limit"))
+    assert d.delete_trainer and d.keep_pods == ("t-0",)
+    (event,) = d.events
+    assert event.message.startswith("trainer failed (BackoffLimitExceeded: Job has reached the limit; pod t-0 "
+                                    "exited with code 1 (Error): Traceback ...\nRuntimeError: CUDA out of memory)")
+    failed = find(d.status.conditions, "TrainerFailed")
+    assert failed.status == "True" and failed.reason == "BackoffLimitExceeded"
+    assert failed.message.startswith("attempt 0: BackoffLimitExceeded: Job has reached the limit; pod t-0 exited")
+    # The next attempt: the old pod stays while it is pending, goes once it runs.
+    pending = step(job(), d.status, trainer=TrainerJob(1), rollout_replicas=2, pods=PodsView(old_trainer=("t-0",)))
+    assert pending.delete_pods == ()
+    running = step(job(), d.status, trainer=TrainerJob(1), rollout_replicas=2,
+                   pods=PodsView(trainer_running=2, rollout_running=2, old_trainer=("t-0",)))
+    assert running.delete_pods == ("t-0",)
+    recovered = find(running.status.conditions, "TrainerFailed")
+    assert recovered.status == "False" and "the last failure: attempt 0: " in recovered.message
+
+
+def test_unreadable_progress_is_a_condition_with_one_event():
+    st = status(phase=Phase.Running, observed_generation=1)
+    denied = "s3:// storage needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment"
+    d = step(job(), st, trainer=TrainerJob(0), pods=RUNNING, rollout_replicas=2, progress_read=True,
+             progress_error=denied)
+    c = find(d.status.conditions, "ProgressUnreadable")
+    assert (c.status, c.reason) == ("True", "StorageUnreadable") and denied in c.message
+    assert "operator.storageCredentialsSecret" in c.message and reasons(d) == ["ProgressUnreadable"]
+    again = step(job(), d.status, trainer=TrainerJob(0), pods=RUNNING, rollout_replicas=2, progress_read=True,
+                 progress_error=denied)
+    assert again.events == [] and again.status == d.status
+    fixed = step(job(), d.status, trainer=TrainerJob(0), pods=RUNNING, rollout_replicas=2, progress_read=True)
+    assert find(fixed.status.conditions, "ProgressUnreadable").status == "False"

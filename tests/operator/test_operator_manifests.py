@@ -9,17 +9,19 @@ import pytest
 import yaml
 
 from grpo_operator import manifests, names
+from grpo_operator.pki import JobTLS
 from grpo_operator.settings import OperatorSettings
 from operator_helpers import UID, job
 
 GOLDEN = Path(__file__).parent / "golden" / "children.yaml"
 S = OperatorSettings()
+FAKE_TLS = JobTLS(ca_cert="<ca.crt>", cert="<tls.crt>", key="<tls.key>")    # real ones: tests/rollout/test_tls.py
 
 
 def all_children(j=None):
     j = j or job()
     return [*manifests.build_children(j, S, pod_monitor=True),
-            manifests.build_rpc_secret(j, S, token="t0k3n"),
+            manifests.build_rpc_secret(j, S, token="t0k3n", checkpoint_key="c4pk3y", tls=FAKE_TLS),
             manifests.build_trainer_job(j, S, attempt=0),
             manifests.build_rollout_deployment(j, S)]
 
@@ -58,7 +60,7 @@ def test_names_are_deterministic():
     kinds = {(c["kind"], c["metadata"]["name"]) for c in all_children()}
     assert kinds == {("ConfigMap", "demo-spec"), ("Secret", "demo-rpc"), ("Service", "demo-trainer"),
                      ("Service", "demo-rollout"), ("Job", "demo-trainer"), ("Deployment", "demo-rollout"),
-                     ("NetworkPolicy", "demo-rollout"), ("PodMonitor", "demo")}
+                     ("NetworkPolicy", "demo-rollout"), ("NetworkPolicy", "demo-trainer"), ("PodMonitor", "demo")}
 
 
 def test_config_map_holds_the_resolved_spec_the_pods_read():
@@ -70,15 +72,33 @@ def test_config_map_holds_the_resolved_spec_the_pods_read():
     assert "status" not in doc
 
 
-def test_token_only_in_the_secret():
+def test_secrets_only_in_the_secret_and_each_role_gets_its_own():
+    """The token, the checkpoint key and the TLS material live in the Secret alone. The trainer
+    gets the token, the CA (and the name to check) and the checkpoint key; the rollout servers
+    the token and their certificate and key, never the checkpoint key (they run the user's
+    reward code)."""
     j = job()
-    secret = manifests.build_rpc_secret(j, S, token="s3cr3t-token")
-    assert secret["stringData"] == {"token": "s3cr3t-token"}
-    others = [c for c in all_children(j) if c["kind"] != "Secret"]
-    assert "s3cr3t-token" not in yaml.safe_dump_all(others)
-    for workload in (manifests.build_trainer_job(j, S), manifests.build_rollout_deployment(j, S)):
-        env = {e["name"]: e for e in workload["spec"]["template"]["spec"]["containers"][0]["env"]}
-        assert env["GRPO_RPC_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "demo-rpc", "key": "token"}}
+    tls = JobTLS(ca_cert="CA-PEM-x1", cert="CERT-PEM-x2", key="KEY-PEM-x3")
+    secret = manifests.build_rpc_secret(j, S, token="s3cr3t-token", checkpoint_key="ckpt-key-x4", tls=tls)
+    assert secret["stringData"] == {"token": "s3cr3t-token", "checkpoint-key": "ckpt-key-x4", "ca.crt": "CA-PEM-x1",
+                                    "tls.crt": "CERT-PEM-x2", "tls.key": "KEY-PEM-x3"}
+    others = yaml.safe_dump_all([c for c in all_children(j) if c["kind"] != "Secret"])
+    for value in secret["stringData"].values():
+        assert value not in others
+
+    def env_of(workload):
+        return {e["name"]: e.get("valueFrom", e.get("value"))
+                for e in workload["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    def ref(key):
+        return {"secretKeyRef": {"name": "demo-rpc", "key": key}}
+    trainer, rollout = env_of(manifests.build_trainer_job(j, S)), env_of(manifests.build_rollout_deployment(j, S))
+    assert trainer["GRPO_RPC_TOKEN"] == rollout["GRPO_RPC_TOKEN"] == ref("token")
+    assert trainer["GRPO_TLS_CA"] == ref("ca.crt") and trainer["GRPO_CHECKPOINT_KEY"] == ref("checkpoint-key")
+    assert trainer["GRPO_TLS_SERVER_NAME"] == "demo-rollout.team-a.svc"       # a name in the servers' certificate
+    assert "GRPO_TLS_KEY" not in trainer and "GRPO_TLS_CERT" not in trainer
+    assert rollout["GRPO_TLS_CERT"] == ref("tls.crt") and rollout["GRPO_TLS_KEY"] == ref("tls.key")
+    assert "GRPO_CHECKPOINT_KEY" not in rollout and "GRPO_TLS_CA" not in rollout
 
 
 def test_trainer_job_is_indexed_with_torchrun_wiring():
@@ -120,6 +140,28 @@ def test_trainer_pods_get_gpus_shm_spec_and_s3_credentials():
         "name": "s3-credentials", "key": "AWS_ACCESS_KEY_ID", "optional": False}
     assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "s3-credentials"
     assert pod["terminationGracePeriodSeconds"] == S.trainer_termination_grace_seconds >= 600
+
+
+def test_tracker_secret_becomes_the_trainer_environment_by_reference():
+    j = job(**{"trainer.loggers": ["console", "wandb", "mlflow"], "trainer.trackerSecretRef": "team-trackers"})
+    trainer = manifests.build_trainer_job(j, S)["spec"]["template"]["spec"]["containers"][0]
+    # Every key of the Secret (WANDB_API_KEY, MLFLOW_TRACKING_URI, ...) as a variable of the trainer.
+    assert trainer["envFrom"] == [{"secretRef": {"name": "team-trackers"}}]
+    # The rollout servers log nothing to the trackers: they don't get the credentials.
+    rollout = manifests.build_rollout_deployment(j, S)["spec"]["template"]["spec"]["containers"][0]
+    assert "envFrom" not in rollout
+    # The ConfigMap the pods read names the Secret, and that is all it knows of it.
+    doc = yaml.safe_load(manifests.build_config_map(j, S)["data"]["job.yaml"])
+    assert doc["spec"]["trainer"]["trackerSecretRef"] == "team-trackers"
+    # No Secret named: no envFrom (the golden file's job).
+    assert "envFrom" not in manifests.build_trainer_job(job(), S)["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_tracker_secret_and_a_template_envfrom_are_both_kept():
+    j = job(**{"trainer.trackerSecretRef": "team-trackers",
+               "trainer.template": {"spec": {"containers": [{"envFrom": [{"configMapRef": {"name": "proxy"}}]}]}}})
+    trainer = manifests.build_trainer_job(j, S)["spec"]["template"]["spec"]["containers"][0]
+    assert trainer["envFrom"] == [{"secretRef": {"name": "team-trackers"}}, {"configMapRef": {"name": "proxy"}}]
 
 
 def test_cpu_trainer_and_hf_rollout_get_no_gpus():
@@ -180,6 +222,16 @@ def test_network_policy():
     assert len(grpc_only["ingress"]) == 2
     assert grpc_only["ingress"][1]["from"] == [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+
+
+def test_trainer_network_policy_admits_only_the_jobs_pods():
+    spec = manifests.build_trainer_network_policy(job(), S)["spec"]
+    assert spec["podSelector"]["matchLabels"] == {"grpo.dev/job": "demo", "grpo.dev/role": "trainer"}
+    peers, metrics = spec["ingress"]
+    assert [p["podSelector"]["matchLabels"]["grpo.dev/role"] for p in peers["from"]] == ["trainer", "rollout"]
+    assert metrics["ports"] == [{"protocol": "TCP", "port": 9090}]
+    grpc = manifests.build_trainer_network_policy(job(**{"weightSync.backend": "grpc"}), S)["spec"]
+    assert [p["podSelector"]["matchLabels"]["grpo.dev/role"] for p in grpc["ingress"][0]["from"]] == ["trainer"]
 
 
 def test_pod_monitor_scrapes_rollouts_and_trainer_node_zero():

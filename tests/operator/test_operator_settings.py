@@ -101,12 +101,12 @@ def test_parse_progress_keeps_the_status_keys():
 
 def test_read_progress_from_file_storage(tmp_path):
     j = job(**{"storage.uri": f"file://{tmp_path}", "storage.secretRef": None})
-    assert read_progress(j, {}) is None                         # not written yet
+    assert read_progress(j, {}) == (None, None)                 # not written yet: no progress, no problem
     root = tmp_path / "team-a" / "demo"
     root.mkdir(parents=True)
     (root / "progress.json").write_text(json.dumps({"step": 7, "totalSteps": 9, "rewardMean": 0.25}))
-    p = read_progress(j, {})
-    assert (p.step, p.total_steps, p.reward_mean) == (7, 9, 0.25)
+    p, error = read_progress(j, {})
+    assert (p.step, p.total_steps, p.reward_mean, error) == (7, 9, 0.25, None)
 
 
 def test_metrics_names_and_phases():
@@ -145,18 +145,24 @@ def test_reconciles_of_one_job_never_overlap_and_requests_coalesce():
                 self.running += 1
                 self.overlap |= self.running > 1
             self.calls.append((name, read_progress))
-            time.sleep(0.2)
+            if len(self.calls) == 1:
+                release.wait(30)        # the first run lasts until every other request arrived
             with self.guard:
                 self.running -= 1
 
+    release = threading.Event()
     r = Probe()
     threads = [threading.Thread(target=r.request, args=("ns", "a"), kwargs={"trigger": "pod", "read_progress": i == 3})
                for i in range(8)]
-    for t in threads:
-        t.start()
+    threads[0].start()
+    deadline = time.monotonic() + 30
+    while not r.calls and time.monotonic() < deadline:
         time.sleep(0.01)
-    for t in threads:
-        t.join()
+    for t in threads[1:]:
+        t.start()
+        t.join()                        # a request for a job being reconciled returns at once
+    release.set()
+    threads[0].join()
     assert not r.overlap
     # The first request runs; the seven that arrive meanwhile become one more run, which reads
     # progress because one of them asked to.

@@ -113,6 +113,10 @@ def test_container_env_by_name_and_resources_per_key():
      "spec.trainer.template.spec.containers[0].securityContext: not allowed"),
     ({"spec": {"containers": [{"env": [{"name": "GRPO_RPC_TOKEN", "value": "x"}]}]}},
      "spec.trainer.template.spec.containers[0].env[0].name: 'GRPO_RPC_TOKEN' is set by the operator"),
+    ({"spec": {"containers": [{"env": [{"name": "GRPO_TLS_CA", "value": ""}]}]}},      # TLS off: no
+     "spec.trainer.template.spec.containers[0].env[0].name: 'GRPO_TLS_CA' is set by the operator"),
+    ({"spec": {"containers": [{"env": [{"name": "GRPO_CHECKPOINT_KEY", "value": "00" * 32}]}]}},
+     "spec.trainer.template.spec.containers[0].env[0].name: 'GRPO_CHECKPOINT_KEY' is set by the operator"),
     ({"spec": {"containers": [{"env": [{"name": "PET_NNODES", "value": "9"}]}]}},
      "spec.trainer.template.spec.containers[0].env[0].name: 'PET_NNODES'"),
     ({"spec": {"containers": [{"volumeMounts": [{"name": "x", "mountPath": "/dev/shm"}]}]}},

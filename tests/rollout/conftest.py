@@ -71,10 +71,13 @@ def prompt_table(rows: list[dict]) -> pa.Table:
 class RolloutProcess:
     """`grpo rollout` as a child process, as the local launcher runs it."""
 
-    def __init__(self, job_file: Path, log_path: Path, token: str, worker_id: str = "w0", timeout: float = 180.0):
+    def __init__(self, job_file: Path, log_path: Path, token: str, worker_id: str = "w0", timeout: float = 180.0,
+                 env: dict[str, str] | None = None):
         self.token = token
+        self.auth = token
+        """What stub() calls with: the token, or a grpo_api.rpc.ClientAuth for a TLS server."""
         self.log_path = log_path
-        env = {**os.environ, "GRPO_RPC_TOKEN": token, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "GRPO_RPC_TOKEN": token, "PYTHONUNBUFFERED": "1", **(env or {})}
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "grpo_api.cli", "rollout", "--spec", str(job_file), "--port", "0",
@@ -105,7 +108,7 @@ class RolloutProcess:
 
     def stub(self, token: str | None = None):
         from grpo_api.rpc import rollout_stub
-        return rollout_stub(self.address, self.token if token is None else token)
+        return rollout_stub(self.address, self.auth if token is None else token)
 
     def metric(self, name: str, **labels) -> float:
         """A sample's value from /metrics (0 when absent)."""
@@ -141,9 +144,11 @@ def token() -> str:
     return secrets.token_hex(16)
 
 
-def start_server(tmp_path: Path, model: Path, token: str, worker_id: str = "w0", **spec_overrides) -> RolloutProcess:
+def start_server(tmp_path: Path, model: Path, token: str, worker_id: str = "w0", env: dict[str, str] | None = None,
+                 **spec_overrides) -> RolloutProcess:
+    """`env`: more environment for the server (e.g. its TLS certificate)."""
     job = write_job(tmp_path / f"{worker_id}-job.yaml", model, **spec_overrides)
-    return RolloutProcess(job, tmp_path / f"{worker_id}.log", token, worker_id=worker_id)
+    return RolloutProcess(job, tmp_path / f"{worker_id}.log", token, worker_id=worker_id, env=env)
 
 
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05):

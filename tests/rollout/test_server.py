@@ -15,6 +15,7 @@ import pytest
 from grpo_api.proto import rollout_pb2 as pb
 from grpo_api.records import ROLLOUT_SCHEMA
 from grpo_api.storage import Storage
+from grpo_rollout.metrics import RolloutMetrics, serve_http
 from grpo_rollout.rewards.gsm8k import gsm8k_score
 
 from .conftest import chat_prompt, prompt_table, start_server
@@ -176,3 +177,33 @@ def test_sigterm_stops_the_server_gracefully(tmp_path, tiny_model):
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"{srv.metrics_url}/ready", timeout=2)
     srv.stop()
+
+
+def test_liveness_fails_while_a_request_is_stuck_in_the_engine():
+    """`/live?stuckAfterSeconds=N`, the rollout pods' liveness probe: 503 once a Generate call has
+    been inside the engine (or waiting for it) longer than N seconds, 200 again when it returns."""
+    metrics = RolloutMetrics("j", "ns", "w")
+    http = serve_http(metrics.registry, 0, ready=lambda: True, host="127.0.0.1")
+    url = f"http://127.0.0.1:{http.server_address[1]}"
+
+    def live() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"{url}/live?stuckAfterSeconds=1", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+    try:
+        assert live() == (200, "live\n")
+        with metrics.in_flight():                       # a call the engine doesn't return from
+            assert live()[0] == 200
+            deadline = time.monotonic() + 30
+            while live()[0] == 200 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            status, body = live()
+            assert status == 503 and "engine stuck" in body, body
+            exported = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
+            (line,) = [ln for ln in exported.splitlines() if ln.startswith("grpo_rollout_oldest_request_seconds{")]
+            assert float(line.split()[-1]) > 1       # the same number, for an alert
+        assert live() == (200, "live\n")
+    finally:
+        http.shutdown()

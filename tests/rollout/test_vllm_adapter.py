@@ -1,5 +1,6 @@
 """The vLLM adapter's conversions, without vLLM or a GPU (the engine itself needs both). The
-objects below have the shape of vLLM 0.33's RequestOutput / CompletionOutput / Logprob."""
+objects below have the shape of vLLM 0.26's RequestOutput / CompletionOutput / Logprob (the
+engine itself ran on an H200: bench/vllm_check.py, bench/RESULTS.md)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from grpo_rollout import cuda_ipc
 from grpo_rollout.engine import SamplingParams
-from grpo_rollout.vllm_engine import (EXTENSION, llm_kwargs, pack_tensors, sampling_kwargs, samples_from_output,
-                                      unpack_tensors)
+from grpo_rollout.vllm_engine import (EXTENSION, llm_kwargs, pack_on_device, pack_tensors, sampling_kwargs,
+                                      samples_from_output, unpack_tensors)
 
 
 def completion(index, token_ids, logprobs, finish_reason):
@@ -33,13 +35,16 @@ def test_engine_arguments_ask_for_tempered_logprobs_and_our_weight_loader():
 
 def test_sampling_parameters_map_to_vllm():
     params = SamplingParams(n=4, max_tokens=256, temperature=0.8, top_p=0.95, top_k=-1, seed=100, stop=("</answer>",))
-    first, third = sampling_kwargs(params, 0), sampling_kwargs(params, 2)
-    assert first == dict(n=4, max_tokens=256, temperature=0.8, top_p=0.95, top_k=0, seed=100, stop=["</answer>"],
-                         logprobs=0, skip_special_tokens=True)
-    assert third["seed"] == 108        # vLLM seeds the 4 samples 100..103; prompt 2 starts at 108
-    assert sampling_kwargs(SamplingParams(top_k=20), 0)["top_k"] == 20
-    unseeded = sampling_kwargs(SamplingParams(), 5)
-    assert unseeded["seed"] is None and unseeded["stop"] is None
+    first = sampling_kwargs(params)
+    assert first == dict(n=4, max_tokens=256, temperature=0.8, top_p=0.95, top_k=0, stop=["</answer>"],
+                         logprobs=0, skip_special_tokens=True, detokenize=True)
+    # No per-request seed: vLLM's per-request generators cost a third of the generation time.
+    assert "seed" not in first
+    assert sampling_kwargs(SamplingParams(top_k=20))["top_k"] == 20
+    unseeded = sampling_kwargs(SamplingParams())
+    assert unseeded["stop"] is None
+    # Rewards decode the tokens themselves: vLLM detokenizes only for stop strings.
+    assert unseeded["detokenize"] is False
 
 
 def test_outputs_become_samples_in_index_order():
@@ -68,3 +73,24 @@ def test_weights_survive_packing_for_the_worker_processes():
     assert [n for n, _ in unpacked] == [n for n, _ in weights]
     for (_, original), (_, restored) in zip(weights, unpacked):
         assert restored.dtype == original.dtype and torch.equal(restored, original)
+
+
+def test_weights_survive_the_shared_buffer_layout():
+    """What the worker extension reads out of a CUDA IPC buffer: the same tensors, at aligned
+    offsets (on CPU here; the mapping itself needs a GPU and ran in bench/vllm_check.py)."""
+    weights = [("model.embed_tokens.weight", torch.randn(7, 5, dtype=torch.bfloat16)),
+               ("model.norm.weight", torch.randn(5)),
+               ("model.layers.0.mlp.up_proj.weight", torch.randn(3, 5, dtype=torch.float16).t()),
+               ("step", torch.tensor([3], dtype=torch.int64))]
+    buffer, entries = pack_on_device(weights, torch.device("cpu"))
+    assert all(offset % 64 == 0 for *_, offset in entries)
+    restored = cuda_ipc.views(buffer, entries)
+    assert [n for n, _ in restored] == [n for n, _ in weights]
+    for (_, original), (_, view) in zip(weights, restored):
+        assert view.dtype == original.dtype and torch.equal(view, original)
+
+
+def test_a_buffer_from_another_gpu_is_refused():
+    ipc = cuda_ipc.IpcBuffer(b"h", 8, 0, b"r", 0, b"e", False, device_uuid="GPU-elsewhere")
+    with pytest.raises(ValueError, match="GPU-elsewhere"):
+        cuda_ipc.open_buffer(ipc, torch.device("cpu"))

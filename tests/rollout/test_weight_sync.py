@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+import time
 
 import grpc
 import pytest
@@ -13,13 +14,13 @@ import torch
 
 from grpo_api.proto import rollout_pb2 as pb
 from grpo_api.storage import Storage
-from grpo_api.weights import plan_buckets
+from grpo_api.weights import bucket_to_proto, plan_buckets
 from grpo_rollout.engine import SamplingParams
 from grpo_rollout.hf_engine import HFEngine
 from grpo_trainer.weight_sync import (CollectiveWeightSender, GrpcWeightSender, WeightSyncError, pack_bucket,
                                       tensor_specs)
 
-from .conftest import chat_prompt, prompt_table, start_server
+from .conftest import chat_prompt, prompt_table, start_server, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -203,3 +204,103 @@ def test_a_worker_that_cannot_join_fails_the_update_with_its_name(servers, token
             sender.send([servers[0].address, "127.0.0.1:1"], weights.items(), next(_versions))
     finally:
         sender.close()
+
+
+def test_a_cuda_ipc_plan_is_refused_by_a_server_off_the_trainers_gpu(servers):
+    """CUDA IPC only works within one GPU: a server elsewhere (here on CPU) says so at once,
+    and its weights stay what they were (the trainer picks IPC only for servers that report its
+    GPU's UUID in Info, so this is a misconfiguration, not a path the trainer takes)."""
+    server = servers[0]
+    assert server.stub().Info(pb.InfoRequest(), timeout=10).device_uuid == ""   # on CPU
+    before = health(server).policy_version
+    layout = plan_buckets(tensor_specs([("model.norm.weight", torch.zeros(4))]), 1 << 20)[0]
+    plan = pb.WeightSyncPlan(version=before + 1, backend="cuda_ipc", buckets=[bucket_to_proto(layout)],
+                             ipc=pb.CudaIpcBuffer(handle=b"x", size_bytes=4096, device_uuid="GPU-elsewhere",
+                                                  bucket_offsets=[0]))
+    with pytest.raises(grpc.RpcError) as err:
+        server.stub().PrepareWeightSync(plan, timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "cuda_ipc needs an engine on one GPU" in err.value.details()
+    outside = pb.WeightSyncPlan(version=before + 1, backend="cuda_ipc", buckets=[bucket_to_proto(layout)],
+                                ipc=pb.CudaIpcBuffer(handle=b"x", size_bytes=8, device_uuid="GPU-elsewhere",
+                                                     bucket_offsets=[0]))
+    with pytest.raises(grpc.RpcError, match="outside the shared buffer"):
+        server.stub().PrepareWeightSync(outside, timeout=30)
+    assert health(server).policy_version == before
+
+
+def _broadcast_then(monkeypatch, after_buckets: int, action):
+    """Run `action()` on the trainer side once `after_buckets` buckets were broadcast: a fault
+    at a known point of the collective, not at a moment guessed by timing."""
+    from grpo_trainer import weight_sync
+    real = weight_sync._Group.broadcast
+    sent = itertools.count(1)
+
+    def broadcast(self, tensor, deadline, check=None):
+        if next(sent) == after_buckets + 1:
+            action()
+        return real(self, tensor, deadline, check)
+    monkeypatch.setattr(weight_sync._Group, "broadcast", broadcast)
+
+
+def test_a_server_killed_during_the_broadcast_fails_the_update_and_is_resynced_after_restart(
+        tiny_model, prompts, token, tmp_path, monkeypatch):
+    """The abort path: the server dies between two buckets of a collective update. The trainer
+    gives up within weightSync.timeoutSeconds, naming the update; the restarted server (same
+    port: what its pod or `grpo run` does) joins a new group and ends up with those weights."""
+    timeout = 60
+    server = start_server(tmp_path, tiny_model, token, worker_id="doomed")
+    sender = CollectiveWeightSender(token, bucket_bytes=BUCKET_BYTES, master_addr="127.0.0.1", timeout_seconds=timeout)
+    restarted = None
+    try:
+        weights, engine = trained_weights(tmp_path, seed=11)
+        version = next(_versions)
+        _broadcast_then(monkeypatch, 2, lambda: (server.proc.kill(), server.proc.wait()))
+        t = time.monotonic()
+        with pytest.raises(WeightSyncError, match=f"version {version}"):
+            sender.send([server.address], weights.items(), version)
+        assert time.monotonic() - t < timeout
+        assert sender._group is None          # the next update forms a new group
+        monkeypatch.undo()
+
+        restarted = start_server(tmp_path, tiny_model, token, worker_id="reborn")
+        sender.send([restarted.address], weights.items(), version)
+        assert health(restarted).policy_version == version
+        assert greedy_from_server(restarted, prompts, version, tmp_path) == greedy_reference(engine, prompts)
+    finally:
+        sender.close()
+        server.stop()
+        if restarted is not None:
+            restarted.stop()
+
+
+def test_a_trainer_gone_in_the_middle_of_a_broadcast_leaves_the_server_ready_for_the_next(
+        servers, prompts, token, tmp_path, monkeypatch):
+    """The trainer's side of the group goes away between two buckets (its process died: its
+    sockets close). The server's half-applied update fails, it refuses to generate with half the
+    weights, and the next trainer's update is taken at once. (A NCCL peer that hangs instead
+    is aborted when the next plan arrives: bench/x2_bench.py's abort phase, on two GPUs.)"""
+    server = servers[1]   # servers[0] may still be forming the group of the test that can't join
+    first = CollectiveWeightSender(token, bucket_bytes=BUCKET_BYTES, master_addr="127.0.0.1", timeout_seconds=600)
+    second = CollectiveWeightSender(token, bucket_bytes=BUCKET_BYTES, master_addr="127.0.0.1", timeout_seconds=60)
+    try:
+        weights, _ = trained_weights(tmp_path, seed=12)
+        lost = next(_versions)
+
+        def die():
+            raise RuntimeError("the first trainer is gone")
+        _broadcast_then(monkeypatch, 2, die)
+        with pytest.raises(WeightSyncError, match="the first trainer is gone"):
+            first.send([server.address], weights.items(), lost)
+        monkeypatch.undo()
+        wait_until(lambda: health(server).weight_sync_version == lost and health(server).weight_sync_error != "",
+                   timeout=60)
+        assert health(server).policy_version == -1       # half applied: no generation on it
+
+        weights, engine = trained_weights(tmp_path, seed=13)
+        version = next(_versions)
+        second.send([server.address], weights.items(), version)
+        assert greedy_from_server(server, prompts, version, tmp_path) == greedy_reference(engine, prompts)
+    finally:
+        first.close()
+        second.close()

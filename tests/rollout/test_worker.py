@@ -60,7 +60,3 @@ def test_overlong_responses_are_penalized(make_worker, tmp_path, tokenizer):
         extra = json.loads(r["reward_extra"])
         assert extra["overlong_reward"] == pytest.approx(penalty) and extra["overlong"] == (penalty < 0)
 
-
-def test_overlong_shaping_needs_a_buffer(make_worker):
-    with pytest.raises(ValueError, match="overlongBuffer.len"):
-        make_worker(reward={"overlongBuffer": {"enable": True, "len": 0}})

@@ -1,4 +1,5 @@
-"""Advantage estimators, registries, KL estimators and DAPO helpers of grpo_trainer.algorithms.
+"""Advantage estimators, registries, KL estimators of grpo_trainer.algorithms, and the
+spec naming the same algorithms.
 
 Hand-worked cases carry their arithmetic in comments; random cases compare against float64
 references written as naive per-sample Python loops (independent of the vectorised code).
@@ -8,19 +9,21 @@ from __future__ import annotations
 
 import math
 import statistics
+import typing
 
 import numpy as np
 import pytest
 import torch
 
+from grpo_api.spec import AdvEstimator, AlgorithmSpec
 from grpo_trainer.algorithms import (
     ADV_ESTIMATORS,
     KL_TYPES,
+    LOSS_AGG_MODES,
+    POLICY_LOSSES,
     Registry,
     compute_advantages,
-    filter_groups_with_equal_rewards,
     kl_penalty,
-    overlong_penalty,
     register_adv_est,
 )
 
@@ -334,29 +337,14 @@ def test_unknown_kl_type_lists_the_known_ones():
     assert set(KL_TYPES) >= {"k1", "k2", "k3", "abs", "kl", "mse", "low_var_kl", "k3+", "low_var_kl+"}
 
 
-# ---------------------------------------------------------------- DAPO
+# ---------------------------------------------------------------- the spec's names
 
 
-def test_dynamic_sampling_drops_groups_with_all_equal_rewards():
-    scores = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 0.5, 0.0, 0.0], dtype=F64)
-    ids = ["all-right"] * 3 + ["mixed"] * 2 + ["alone"] + ["all-wrong"] * 2
-    keep = filter_groups_with_equal_rewards(scores, ids)
-    assert keep.dtype == torch.bool
-    assert keep.tolist() == [False, False, False, True, True, True, False, False]
-
-
-def test_dynamic_sampling_equality_is_exact_not_a_rounded_std():
-    # np.std([0.1]*3) is 1.4e-17, not 0: a "std > 0" test would keep this uninformative group.
-    scores = torch.tensor([0.1, 0.1, 0.1, 0.3, 0.1 + 0.2], dtype=F64)  # 0.1 + 0.2 != 0.3 in binary
-    keep = filter_groups_with_equal_rewards(scores, torch.tensor([7, 7, 7, 9, 9]))
-    assert keep.tolist() == [False, False, False, True, True]
-
-
-def test_overlong_penalty_is_linear_in_the_buffer():
-    # max 20, buffer 4 -> no penalty up to 16 tokens, then -1/4 per token down to -1 at 20.
-    lengths = torch.tensor([10, 16, 17, 18, 20])
-    assert overlong_penalty(lengths, 20, 4, 1.0).tolist() == [0.0, 0.0, -0.25, -0.5, -1.0]
-    assert overlong_penalty(lengths, 20, 4, 0.5).tolist() == [0.0, 0.0, -0.125, -0.25, -0.5]
-    assert overlong_penalty(torch.tensor([25]), 20, 4, 1.0).tolist() == [-1.0]  # held at -penalty_factor
-    with pytest.raises(ValueError, match="overlong_buffer_len"):
-        overlong_penalty(lengths, 20, 0, 1.0)
+def test_the_spec_offers_exactly_the_registered_algorithms():
+    """grpo_api can't import torch, so the spec restates the registries' names; a name added on
+    one side only would pass `grpo validate` and then fail in the trainer, or never be offered."""
+    spec = AlgorithmSpec.model_fields
+    assert {e.value for e in AdvEstimator} == set(ADV_ESTIMATORS.names())
+    assert set(typing.get_args(spec["policy_loss"].annotation)) == set(POLICY_LOSSES.names())
+    assert typing.get_args(spec["loss_agg_mode"].annotation) == LOSS_AGG_MODES
+    assert set(typing.get_args(spec["kl_loss_type"].annotation)) == set(KL_TYPES)

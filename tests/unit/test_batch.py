@@ -1,6 +1,11 @@
-"""Trainer batching: dynamic-sampling selection and token-budget micro-batches."""
+"""Trainer batching: dynamic-sampling selection, token-budget micro-batches, behaviour logprobs
+and the staleness bound."""
 
-from grpo_trainer.batch import Sample, check_complete, keep_prompts, micro_batches
+import pytest
+import torch
+
+from grpo_trainer.algorithms import policy_loss
+from grpo_trainer.batch import Sample, check_complete, check_staleness, collate, keep_prompts, micro_batches
 
 
 def sample(prompt: int, i: int, length: int = 3) -> Sample:
@@ -22,3 +27,41 @@ def test_micro_batches_stay_within_the_token_budget():
     for g in groups:   # padded size: count x longest sequence (prompt + response)
         assert len(g) * max(samples[i].length for i in g) <= 40
     assert len(groups) == 3   # 20,18 | 14,8 | 6,4: longest first, greedily filled
+
+
+def test_collate_aligns_behaviour_logprobs_with_the_response_positions():
+    """Hand-worked: position t predicts token t+1, so response token j of a sample whose prompt
+    has p tokens sits at column p-1+j of the [b, L-1] tensors, in both rows of the batch."""
+    a = Sample("0-0", 0, 0, [11, 12], [21, 22, 23], [-0.5, -1.0, -2.0], 1.0, "stop", 3)
+    b = Sample("0-0", 0, 1, [11, 12, 13], [24], [-0.25], 0.0, "length", 3)
+    advantages = [torch.tensor([1.0, 1.0, 1.0]), torch.tensor([-1.0])]
+    mb = collate([0, 1], [a, b], advantages, pad_id=0, device=torch.device("cpu"))
+    # input_ids  a: 11 12 21 22 23 | b: 11 12 13 24 0  -> 4 predicting positions per row
+    assert mb.input_ids.tolist() == [[11, 12, 21, 22, 23], [11, 12, 13, 24, 0]]
+    assert mb.response_mask.tolist() == [[0, 1, 1, 1], [0, 0, 1, 0]]
+    assert mb.behaviour_logprobs.tolist() == [[0.0, -0.5, -1.0, -2.0], [0.0, 0.0, -0.25, 0.0]]
+    assert mb.targets[mb.response_mask.bool()].tolist() == [21, 22, 23, 24]
+    # As old logprobs, the ratio of each response token is against its behaviour logprob: with
+    # the current policy's logprobs one nat above them on row a's tokens and equal on b's,
+    # ppo_kl (mean of old - new over response tokens) is -3/4; the prompt and padding columns,
+    # whatever they hold, take no part.
+    logp = mb.behaviour_logprobs + torch.tensor([[-9.0, 1.0, 1.0, 1.0], [-9.0, -9.0, 0.0, -9.0]])
+    _, metrics = policy_loss("vanilla", mb.behaviour_logprobs, logp, mb.advantages, mb.response_mask)
+    assert float(metrics["ppo_kl"]) == -0.75
+
+
+def test_collate_refuses_logprobs_that_do_not_match_the_response():
+    bad = Sample("0-0", 0, 0, [1, 2], [3, 4], [-1.0], 1.0, "stop")
+    with pytest.raises(ValueError, match="1 behaviour logprobs for 2 response tokens"):
+        collate([0], [bad], [torch.zeros(2)], pad_id=0, device=torch.device("cpu"))
+
+
+def test_staleness_beyond_the_bound_is_refused():
+    samples = [Sample("0-0", 0, i, [1], [2], [0.0], 0.0, "stop", v) for i, v in enumerate([4, 5, 5])]
+    assert check_staleness(samples, 5, max_staleness=1) == 1 / 3
+    assert check_staleness(samples[1:], 5, max_staleness=0) == 0.0
+    with pytest.raises(RuntimeError, match=r"rollout.maxStaleness=0: training policy version 5, but 1 samples "
+                                            r"were generated at versions \[4\]"):
+        check_staleness(samples, 5, max_staleness=0)
+    with pytest.raises(RuntimeError, match=r"versions \[5\]"):     # from a later policy: impossible too
+        check_staleness(samples, 4, max_staleness=1)

@@ -67,7 +67,7 @@ SEED_SPEC = {
                 "miniBatchSize": 128,                   # verl's 256 > 128 prompts: one update per batch
                 "microBatchSizePerGPU": 16, "totalEpochs": 3, "testFreq": 1, "saveFreq": 1,
                 "keepCheckpoints": None,                # verl keeps every checkpoint
-                "loggers": ["console", "tensorboard"]},  # verl's default console+wandb
+                "loggers": ["console", "wandb"]},        # verl's default
 }
 
 
@@ -105,8 +105,8 @@ def test_seed_tutorial_warnings_name_what_was_not_carried_over():
     assert any(w.startswith("$HOME is left as written") for w in warnings)
     assert any(w.startswith("actor_rollout_ref.actor.ppo_mini_batch_size (not set: verl's default 256)")
                and "verl would refuse this" in w for w in warnings)
-    assert any(w.startswith("trainer.logger (not set: verl's default ['console', 'wandb'])") for w in warnings)
-    assert len(warnings) == 3
+    assert not any("logger" in w for w in warnings)         # verl's default console+wandb is kept as is
+    assert len(warnings) == 2
 
 
 def test_seed_command_output_validates_and_round_trips(tmp_path, monkeypatch, capsys):
@@ -171,6 +171,9 @@ def test_drgrpo_settings_appended_to_the_seed_script(tmp_path, capsys):
     algorithm = yaml.safe_load(out)["spec"]["algorithm"]
     assert algorithm == {"advEstimator": "grpo", "normAdvByStd": False, "lossAggMode": "seq-mean-token-sum-norm",
                          "useKLLoss": False, "klLossCoef": 0.001}
+    # The loss is Dr.GRPO's and TRL's, not verl's (micro-batch size x smaller): said, not silent.
+    (scale,) = [line for line in err.splitlines() if "loss_agg_mode" in line]
+    assert "verl's loss is ppo_micro_batch_size_per_gpu x ours" in scale and "grad_clip" in scale
 
 
 def test_drgrpo_edited_into_the_command():
@@ -309,7 +312,7 @@ def test_dapo_clip_higher_overlong_buffer_and_dynamic_sampling_field_by_field():
                     "nprocPerNode": 8, "miniBatchSize": 32, "maxTokensPerGPU": 10240, "lr": 1e-6,
                     "lrWarmupSteps": 10, "weightDecay": 0.1, "gradClip": 1.0, "totalEpochs": 1, "testFreq": 5,
                     "valBeforeTrain": True, "saveFreq": 25, "refCpuOffload": True, "keepCheckpoints": None,
-                    "loggers": ["console", "tensorboard"]},
+                    "loggers": ["console", "wandb"]},
         "resume": "auto",
     }
     # the script's own variables are substituted; the environment was not needed
@@ -358,14 +361,15 @@ def test_keys_with_no_meaning_here_are_warnings(monkeypatch, capsys):
                             "compile=False: ignored:") for w in warnings)
     assert any(w.startswith("actor_rollout_ref.actor.fsdp_config.param_offload=False: ignored: FSDP2")
                for w in warnings)
-    assert "trainer.logger=['console', 'wandb', 'swanlab']: wandb, swanlab is not supported here; metrics go to " \
+    assert "trainer.logger=['console', 'wandb', 'swanlab']: swanlab is not supported here; metrics go to " \
            "tensorboard instead (and to Prometheus with the prometheus logger)" in warnings
     assert "actor_rollout_ref.actor.ppo_mini_batch_sz=16: not a verl key this translator knows; ignored; did " \
            "you mean actor_rollout_ref.actor.ppo_mini_batch_size?" in warnings
     assert len(warnings) == 5
     # maps, or accepted silently because the value is what happens here anyway
     spec = yaml.safe_load(out)["spec"]
-    assert spec["trainer"]["valBeforeTrain"] is False and spec["trainer"]["loggers"] == ["console", "tensorboard"]
+    assert spec["trainer"]["valBeforeTrain"] is False
+    assert spec["trainer"]["loggers"] == ["console", "wandb", "tensorboard"]
     assert not any(k in err for k in ("critic_warmup", "use_kl_in_reward", "val_before_train"))
     code, _, err = run_cli(["-", "--strict"], stdin=BASE + extra, monkeypatch=monkeypatch, capsys=capsys)
     assert code == 1 and "--strict" in err
@@ -445,7 +449,10 @@ def test_batch_size_units_and_dynamic_batching():
 # --- logger and list values --------------------------------------------------------------------
 
 @pytest.mark.parametrize("written, loggers", [
-    ("trainer.logger='[\"console\",\"wandb\"]'", ["console", "tensorboard"]),
+    ("trainer.logger='[\"console\",\"wandb\"]'", ["console", "wandb"]),
+    ("trainer.logger='[console,mlflow,file]'", ["console", "mlflow", "jsonl"]),
+    ("trainer.logger='[console,wandb,mlflow,tensorboard]'", ["console", "wandb", "mlflow", "tensorboard"]),
+    ("trainer.logger='[console,clearml,trackio]'", ["console", "tensorboard"]),
     ("trainer.logger=[\"console\"]", ["console"]),            # bash strips the quotes: [console]
     ("trainer.logger=console", ["console"]),
     ("trainer.logger=\"['console','file','tensorboard']\"", ["console", "jsonl", "tensorboard"]),
@@ -639,8 +646,10 @@ def test_verl_yaml_config(tmp_path, capsys):
                     "loggers": ["console", "tensorboard"]},
     }
     warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
-    assert warnings == ["warning: actor_rollout_ref.rollout.response_length=3072: ignored: " + next(
+    assert warnings[1:] == ["warning: actor_rollout_ref.rollout.response_length=3072: ignored: " + next(
         r.note for r in rules_for("actor_rollout_ref.rollout.response_length"))]
+    assert warnings[0].startswith("warning: actor_rollout_ref.actor.loss_agg_mode='seq-mean-token-sum-norm': "
+                                  "normalised as the Dr.GRPO paper")
 
 
 def test_full_verl_config_dump_is_summarised():

@@ -48,7 +48,7 @@ def test_defaults_follow_verl():
 # (changes to BASE, the field named, part of the reason): also what tests/faults feeds to
 # `grpo validate` and to the API server through the CRD.
 INVALID_SPECS = [
-    ({"rollout.maxStaleness": 1}, "spec.rollout.maxStaleness", "less than or equal to 0"),
+    ({"rollout.maxStaleness": 2}, "spec.rollout.maxStaleness", "less than or equal to 1"),
     ({"data.trainBatchSize": -3}, "spec.data.trainBatchSize", "greater than or equal to 1"),
     ({"data.trainBatchSize": "many"}, "spec.data.trainBatchSize", "valid integer"),
     ({"data.trainFiles": []}, "spec.data.trainFiles", "at least 1"),
@@ -74,7 +74,8 @@ INVALID_SPECS = [
     ({"trainer.maxTokensPerGPU": 100}, "spec.trainer.maxTokensPerGPU", "so one sequence fits"),
     ({"algorithm.policyLoss": "gspo"}, "spec.algorithm.lossAggMode", "seq-mean-token-mean with policyLoss gspo"),
     ({"trainer.lr": -1e-6}, "spec.trainer.lr", "greater than or equal to 0"),
-    ({"trainer.loggers": ["wandb"]}, "spec.trainer.loggers[0]", "'console'"),
+    ({"trainer.loggers": ["neptune"]}, "spec.trainer.loggers[0]", "'wandb' or 'mlflow'"),
+    ({"trainer.trackerSecretRef": "WandB_Keys"}, "spec.trainer.trackerSecretRef", "match"),
     ({"trainer.testFreq": -2}, "spec.trainer.testFreq", "greater than or equal to -1"),
     ({"storage.uri": "gs://bucket"}, "spec.storage.uri", "(file|s3)"),
     ({"storage.endpoint": "minio:9000"}, "spec.storage.endpoint", "https?"),
@@ -83,6 +84,13 @@ INVALID_SPECS = [
     ({"runPolicy.backoffLimit": -1}, "spec.runPolicy.backoffLimit", "greater than or equal to 0"),
     ({"model.path": ""}, "spec.model.path", "at least 1 character"),
     ({"model.dtype": "int8"}, "spec.model.dtype", "bfloat16"),
+    # refusals the rollout server and the trainer used to make only at start-up (issue 23)
+    ({"reward.overlongBuffer.enable": True}, "spec.reward.overlongBuffer.len", "must be in 1..data.maxResponseLength"),
+    ({"reward.overlongBuffer.enable": True, "reward.overlongBuffer.len": 600}, "spec.reward.overlongBuffer.len",
+     "must be in 1..data.maxResponseLength"),
+    ({"algorithm.filterGroups": True, "algorithm.advEstimator": "reinforce_plus_plus", "rollout.n": 1},
+     "spec.algorithm.filterGroups", "needs rollout.n >= 2"),
+    ({"reward.function": "my_rewards.py"}, "spec.reward.function", "match"),
 ]
 
 
@@ -182,7 +190,9 @@ def test_crd_schema_is_structural_and_documented():
     rules = schema["properties"]["spec"]["x-kubernetes-validations"]
     assert any("self.rollout.n >= 2" in r["rule"] for r in rules)
     assert version["subresources"] == {"status": {}}
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Phase", "Step", "Total", "Reward", "Val", "Age"]
+    columns = version["additionalPrinterColumns"]
+    assert [c["name"] for c in columns if not c.get("priority")] == ["Phase", "Step", "Total", "Reward", "Val", "Age"]
+    assert [c["name"] for c in columns if c.get("priority") == 1] == ["Restarts", "Epoch", "Reason"]   # -o wide
     assert build_crd()["spec"]["names"]["shortNames"] == ["gj"]
 
 
@@ -205,3 +215,14 @@ def test_validate_cli_exit_codes(tmp_path):
 def test_api_reference_matches_models():
     from grpo_api.apidoc import markdown
     assert (REPO / "docs/API.md").read_text() == markdown(), "run: python -m grpo_api.apidoc > docs/API.md"
+
+
+def test_help_says_what_every_command_does_without_importing_torch():
+    code = ("import sys; from grpo_api.cli import main; main(['--help']);"
+            "heavy = {'torch', 'transformers', 'kopf', 'kubernetes'} & set(sys.modules);"
+            "assert not heavy, heavy")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    listed = dict(line.strip().split(None, 1) for line in out.split("commands:\n")[1].split("\n\n")[0].splitlines())
+    assert {"validate", "run", "operator", "trainer", "rollout", "from-verl", "crd", "export"} <= set(listed)
+    assert all(len(text) > 20 for text in listed.values()), listed
+    assert listed["validate"] == "Check GRPOJob files and list every error with its field path."

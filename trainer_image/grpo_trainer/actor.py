@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from grpo_api.spec import GRPOJobSpec
 from grpo_trainer.algorithms import (LossNormalizer, entropy_from_logits, kl_penalty,
@@ -22,16 +23,22 @@ from grpo_trainer.batch import MicroBatch
 def forward_logprobs(model, mb: MicroBatch, temperature: float, *, with_entropy: bool = False,
                      entropy_grad: bool = False):
     """Per-position logprob of the next token (and entropy), [b, L-1], at the sampling
-    temperature as verl does (logits / T). The entropy is a metric unless `entropy_grad`."""
-    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
+    temperature as verl does (logits / T). The entropy is a metric unless `entropy_grad`.
+    Logits are computed only from the first response position on (`logits_to_keep`): the
+    vocabulary projection and softmax of prompt positions would be thrown away. Earlier
+    positions read 0 (the response mask excludes them everywhere)."""
+    start = mb.response_start
+    width = mb.input_ids.shape[1]
+    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False,
+                   logits_to_keep=width - start).logits
     logits = logits[:, :-1]
     if temperature > 0:
         logits = logits / temperature
-    logp = logprobs_from_logits(logits, mb.targets)
+    logp = F.pad(logprobs_from_logits(logits, mb.targets[:, start:]), (start, 0))
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
+            entropy = F.pad(entropy_from_logits(logits if entropy_grad else logits.detach()), (start, 0))
     return logp, entropy
 
 

@@ -26,6 +26,7 @@ class Sample:
     behaviour_logprobs: list[float]
     reward: float
     finish_reason: str
+    policy_version: int = 0       # of the weights that generated it
 
     @property
     def length(self) -> int:
@@ -34,9 +35,10 @@ class Sample:
 
 def samples_from_table(table: pa.Table) -> list[Sample]:
     rows = table.select(["uid", "prompt_index", "sample_index", "prompt_ids", "response_ids",
-                         "response_logprobs", "reward", "finish_reason"]).to_pylist()
+                         "response_logprobs", "reward", "finish_reason", "policy_version"]).to_pylist()
     samples = [Sample(r["uid"], r["prompt_index"], r["sample_index"], r["prompt_ids"], r["response_ids"],
-                      r["response_logprobs"], float(r["reward"]), r["finish_reason"]) for r in rows]
+                      r["response_logprobs"], float(r["reward"]), r["finish_reason"], r["policy_version"])
+               for r in rows]
     return sorted(samples, key=lambda s: (s.prompt_index, s.sample_index))
 
 
@@ -58,6 +60,20 @@ def check_complete(samples: list[Sample], num_prompts: int, n: int) -> None:
         raise RuntimeError(f"rollouts incomplete: {len(samples)} rows for {num_prompts}x{n}; "
                            f"missing {sorted(missing)[:5]}, unexpected {sorted(extra)[:5]}, "
                            f"duplicates {len(samples) - len(seen)}")
+
+
+def check_staleness(samples: list[Sample], current_version: int, max_staleness: int) -> float:
+    """The batch's mean staleness (policy updates between the weights that generated a sample
+    and the ones it trains). By construction every sample lies within rollout.maxStaleness; a
+    batch outside it would train on an unbounded ratio, so it is refused, not clipped."""
+    lags = [current_version - s.policy_version for s in samples]
+    bad = [(s.uid, s.sample_index, s.policy_version) for s, lag in zip(samples, lags)
+           if not 0 <= lag <= max_staleness]
+    if bad:
+        raise RuntimeError(f"rollouts outside rollout.maxStaleness={max_staleness}: training policy version "
+                           f"{current_version}, but {len(bad)} samples were generated at versions "
+                           f"{sorted({v for *_, v in bad})} (e.g. {bad[0][0]}/{bad[0][1]})")
+    return sum(lags) / len(lags)
 
 
 def advantages_per_sample(samples: list[Sample], estimator: str, *, norm_adv_by_std: bool,
@@ -107,6 +123,8 @@ class MicroBatch:
     targets: torch.Tensor         # [b, L-1] = input_ids shifted left
     response_mask: torch.Tensor   # [b, L-1]
     advantages: torch.Tensor      # [b, L-1]
+    behaviour_logprobs: torch.Tensor  # [b, L-1]: the rollout engine's logprob of each response token
+    response_start: int = 0       # first position that predicts a response token, over all rows
 
     @property
     def num_tokens(self) -> int:
@@ -121,12 +139,18 @@ def collate(indices: list[int], samples: list[Sample], advantages: list[torch.Te
     attention = torch.zeros(b, width, dtype=torch.long)
     resp_mask = torch.zeros(b, width - 1)
     adv = torch.zeros(b, width - 1)
+    behaviour = torch.zeros(b, width - 1)
     for row, i in enumerate(indices):
         s = samples[i]
         p, r = len(s.prompt_ids), len(s.response_ids)
+        if len(s.behaviour_logprobs) != r:
+            raise ValueError(f"sample {s.uid}/{s.sample_index}: {len(s.behaviour_logprobs)} behaviour logprobs "
+                             f"for {r} response tokens")
         input_ids[row, :p + r] = torch.tensor(s.prompt_ids + s.response_ids)
         attention[row, :p + r] = 1
         resp_mask[row, p - 1:p - 1 + r] = 1
         adv[row, p - 1:p - 1 + r] = advantages[i]
+        behaviour[row, p - 1:p - 1 + r] = torch.tensor(s.behaviour_logprobs)
+    start = min(len(samples[i].prompt_ids) for i in indices) - 1
     return MicroBatch(indices, input_ids.to(device), attention.to(device), input_ids[:, 1:].to(device),
-                      resp_mask.to(device), adv.to(device))
+                      resp_mask.to(device), adv.to(device), behaviour.to(device), response_start=start)

@@ -2,8 +2,14 @@
 RNG, step and policy version under `<root>/checkpoints/step-N/`, `manifest.json` written last.
 
 Only a checkpoint with a manifest is complete; `resume: auto` takes the latest complete one, so
-a trainer killed mid-write resumes from the previous checkpoint. On object storage each rank
-stages its DCP files locally and uploads them before rank 0 writes the manifest.
+a trainer killed mid-write resumes from the previous checkpoint.
+
+DCP reads `.metadata` with pickle, so a checkpoint is code: the manifest lists every file with
+its size and sha256 and is signed with the job's checkpoint key (grpo_api.signing). Saving, each
+rank writes its DCP files into a local folder, hashes and uploads them; rank 0 signs the list.
+Loading, each rank checks the signature, copies every listed file into a private local folder
+(mode 0700) checking its hash on the way, and only then lets DCP read that copy: a file changed
+in storage after the check is never read.
 """
 
 from __future__ import annotations
@@ -14,24 +20,25 @@ import os
 import re
 import shutil
 import tempfile
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_model_state_dict,
-                                                     set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
 
+from grpo_api import signing
 from grpo_api.records import RunLayout
+from grpo_api.signing import ManifestError
 from grpo_api.storage import Storage
+from grpo_trainer.collectives import all_gather_json
 
 log = logging.getLogger("grpo.trainer")
 MANIFEST = "manifest.json"
+TRAINER_STATE = "trainer_state.json"
+FORMAT = "torch.distributed.checkpoint"
 _STEP_DIR = re.compile(r"step-(\d+)$")
-
-
-def _local_path(uri: str) -> str | None:
-    return uri.removeprefix("file://") if uri.startswith("file://") else None
 
 
 def complete_checkpoints(layout: RunLayout, storage: Storage) -> list[tuple[int, str]]:
@@ -52,97 +59,123 @@ def resolve_resume(resume: str, layout: RunLayout, storage: Storage) -> str | No
     if resume == "auto":
         done = complete_checkpoints(layout, storage)
         return done[-1][1] if done else None
-    if not storage.exists(resume.rstrip("/") + "/" + MANIFEST):
+    uri = resume.rstrip("/")
+    if uri.startswith("file://") and not uri.startswith("file:///"):   # relative: as job_root reads it
+        uri = f"file://{Path(uri.removeprefix('file://')).absolute()}"
+    parent, _, name = uri.rpartition("/")
+    if parent != layout.checkpoints or not _STEP_DIR.fullmatch(name):
+        # Only this job's checkpoints are signed with its key; one elsewhere would be refused
+        # anyway, and the prefix is the first thing to tell the user.
+        raise FileNotFoundError(f"spec.resume: {resume} is not one of this job's checkpoints "
+                                f"({layout.checkpoints}/step-N): a job resumes only from its own checkpoints. "
+                                f"To start from another run's weights, `grpo export` them and set spec.model.path")
+    if not storage.exists(f"{uri}/{MANIFEST}"):
         raise FileNotFoundError(f"spec.resume: {resume} is not a complete checkpoint (no {MANIFEST})")
-    return resume.rstrip("/")
+    return uri
 
 
 def save(uri: str, *, model, optimizer, scheduler, trainer_state: dict, storage: Storage,
-         keep: int | None, layout: RunLayout) -> None:
+         keep: int | None, layout: RunLayout, key: bytes, device: torch.device) -> None:
     rank = dist.get_rank()
-    local = _local_path(uri)
-    staging = local or tempfile.mkdtemp(prefix="grpo-ckpt-")
-    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
-    dcp.save(state, checkpoint_id=staging)
-    rng = {"torch": torch.get_rng_state().tolist()}
-    extras = {**trainer_state, "scheduler": scheduler.state_dict(), "rng": rng}
-    if rank == 0:
-        storage.write_bytes(f"{uri}/trainer_state.json", json.dumps(extras).encode())
-    if local is None:
-        for name in os.listdir(staging):
-            with open(os.path.join(staging, name), "rb") as f:
+    staging = tempfile.mkdtemp(prefix="grpo-ckpt-")
+    try:
+        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+        dcp.save(state, checkpoint_id=staging)
+        if rank == 0:
+            rng = {"torch": torch.get_rng_state().tolist()}
+            extras = {**trainer_state, "scheduler": scheduler.state_dict(), "rng": rng}
+            with open(os.path.join(staging, TRAINER_STATE), "w") as f:
+                json.dump(extras, f)
+        files = {}
+        for name in sorted(os.listdir(staging)):
+            path = os.path.join(staging, name)
+            size, sha = signing.sha256_file(path)
+            files[name] = {"size": size, "sha256": sha}
+            with open(path, "rb") as f:
                 storage.write_bytes(f"{uri}/{name}", f.read())
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-    dist.barrier()
+    everyone = all_gather_json(files, device)     # also the barrier: every rank's files are written
     if rank == 0:
-        manifest = {"step": trainer_state["step"], "policy_version": trainer_state["policy_version"],
-                    "format": "torch.distributed.checkpoint"}
-        storage.write_bytes(f"{uri}/{MANIFEST}", json.dumps(manifest).encode())
+        listed = {name: entry for ranks_files in everyone for name, entry in ranks_files.items()}
+        body = {"step": trainer_state["step"], "policy_version": trainer_state["policy_version"],
+                "format": FORMAT, "files": listed}
+        storage.write_bytes(f"{uri}/{MANIFEST}", signing.sign(body, key))
         if keep:
             for _, old in complete_checkpoints(layout, storage)[:-keep]:
                 storage.delete_dir(old)
     dist.barrier()
 
 
-def load(uri: str, *, model, optimizer, scheduler, storage: Storage) -> dict:
-    """Load a complete checkpoint into the sharded model and optimizer; return trainer state."""
-    local = _local_path(uri)
-    staging = local or _download(uri, storage)
-    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
-    dcp.load(state, checkpoint_id=staging)
-    set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, optimizer, state["optim"])
-    extras = json.loads(storage.read_bytes(f"{uri}/trainer_state.json"))
+def stage(uri: str, storage: Storage, key: bytes) -> tuple[str, dict]:
+    """A private local copy of the checkpoint at `uri`, every file checked against its signed
+    manifest, and the manifest; ManifestError (naming the file) for anything that doesn't
+    match. Delete the folder when done."""
+    where = f"{uri}/{MANIFEST}"
+    manifest = signing.verify(storage.read_bytes(where), key, where)
+    m = _STEP_DIR.search(uri)
+    if manifest.get("format") != FORMAT or m is None or manifest.get("step") != int(m.group(1)):
+        # A whole checkpoint of another step put under this name rolls the run back.
+        raise ManifestError(f"{where}: the manifest is of step {manifest.get('step')} ({manifest.get('format')}), "
+                            f"not of this folder; refusing to load it")
+    staging = tempfile.mkdtemp(prefix="grpo-ckpt-")   # 0700: no one else can change the copy
+    try:
+        for name, entry in manifest["files"].items():
+            try:
+                size, sha = storage.download(f"{uri}/{name}", os.path.join(staging, name))
+            except FileNotFoundError:
+                raise ManifestError(f"{uri}/{name}: listed in the signed manifest but missing") from None
+            if size != entry["size"]:
+                raise ManifestError(f"{uri}/{name}: {size} bytes, the signed manifest says {entry['size']} "
+                                    f"(truncated or replaced); refusing to load the checkpoint")
+            if sha != entry["sha256"]:
+                raise ManifestError(f"{uri}/{name}: its sha256 does not match the signed manifest (changed or "
+                                    f"replaced since the trainer wrote it); refusing to load the checkpoint")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return staging, manifest
+
+
+def load(uri: str, *, model, optimizer, scheduler, storage: Storage, key: bytes, device: torch.device) -> dict:
+    """Load a complete, verified checkpoint into the sharded model and optimizer; return the
+    trainer state. Every rank checks its own copy; all stop (ManifestError) if any copy fails,
+    instead of the others waiting in DCP's collectives for it."""
+    staging, problem = None, None
+    try:
+        staging, _ = stage(uri, storage, key)
+    except ManifestError as exc:
+        problem = str(exc)
+    problems = [p for p in all_gather_json(problem, device) if p]
+    if problems:
+        if staging:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise ManifestError(problems[0])
+    try:
+        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+        dcp.load(state, checkpoint_id=staging)
+        set_model_state_dict(model, state["model"])
+        set_optimizer_state_dict(model, optimizer, state["optim"])
+        with open(os.path.join(staging, TRAINER_STATE)) as f:
+            extras = json.load(f)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     scheduler.load_state_dict(extras["scheduler"])
     torch.set_rng_state(torch.tensor(extras["rng"]["torch"], dtype=torch.uint8))
-    if local is None:
-        shutil.rmtree(staging, ignore_errors=True)
     return extras
 
 
-def _download(uri: str, storage: Storage) -> str:
-    staging = tempfile.mkdtemp(prefix="grpo-ckpt-")
-    for file_uri in storage.list(uri):
-        name = file_uri.rsplit("/", 1)[-1]
-        with open(os.path.join(staging, name), "wb") as f:
-            f.write(storage.read_bytes(file_uri))
-    return staging
-
-
-def load_full_state_dict(uri: str, storage: Storage) -> dict[str, torch.Tensor]:
-    """The model weights of a checkpoint as plain tensors, without a process group (for export)."""
+def load_full_state_dict(uri: str, storage: Storage, key: bytes) -> tuple[dict[str, torch.Tensor], dict]:
+    """The model weights of a verified checkpoint as plain tensors, without a process group (for
+    export), and its trainer state."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-    local = _local_path(uri)
-    staging = local or _download(uri, storage)
-    out = os.path.join(tempfile.mkdtemp(prefix="grpo-export-"), "full.pt")
-    dcp_to_torch_save(staging, out)
-    full = torch.load(out, weights_only=True)["model"]
-    shutil.rmtree(os.path.dirname(out), ignore_errors=True)
-    if local is None:
+    staging, _ = stage(uri, storage, key)
+    try:
+        out = os.path.join(staging, "full.pt")
+        dcp_to_torch_save(staging, out)
+        full = torch.load(out, weights_only=True)["model"]
+        with open(os.path.join(staging, TRAINER_STATE)) as f:
+            extras = json.load(f)
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return full
-
-
-def full_weights_for_rollout(model, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The full weights as the rollout engines hold them (collective; rank 0's dict has them,
-    the others' is empty): cast to `dtype` on the device before the copy to the host (half
-    the bytes of the float32 masters in bfloat16), and a tied tensor once, under its first name
-    (the tied LM head is the embedding: engines load one and have both). `save_hf` reads
-    this dict too (it casts to the model's dtype and re-ties)."""
-    from torch.distributed.tensor import DTensor
-    rank = dist.get_rank()
-    out: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        if id(tensor) in seen:
-            continue
-        seen.add(id(tensor))
-        full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-        if rank == 0:
-            out[name] = full.detach().to(dtype).cpu()
-    return out
-
-
-def full_state_dict_for_export(model) -> dict[str, torch.Tensor]:
-    """Gather the sharded model to full CPU tensors (collective; rank 0 gets them)."""
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return full, extras

@@ -1,5 +1,5 @@
 """Where a step's metrics go: console lines (verl-style), metrics.jsonl, TensorBoard, Prometheus,
-and progress.json (which the operator reads for status). Rank 0 only."""
+W&B and MLflow (trackers.py), and progress.json (which the operator reads for status). Rank 0 only."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import tempfile
 import time
 
 from grpo_api.records import RunLayout
+from grpo_api.spec import GRPOJob
 from grpo_api.storage import Storage
+from grpo_trainer.trackers import start_trackers
 
 log = logging.getLogger("grpo.trainer")
 
@@ -24,6 +26,7 @@ PROMETHEUS_KEYS = (
     "perf/throughput", "perf/mfu", "val/score",
     "timing_s/rollout", "timing_s/reward", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor",
     "timing_s/weight_sync", "timing_s/checkpoint", "timing_s/step",
+    "rollout/staleness", "timing_s/generate_overlapped",
 )
 
 
@@ -32,9 +35,11 @@ def prometheus_name(key: str) -> str:
 
 
 class MetricsLogger:
-    def __init__(self, loggers: list[str], layout: RunLayout, storage: Storage, *, job: str, namespace: str,
-                 metrics_port: int | None = None):
-        self.loggers = set(loggers)
+    def __init__(self, job: GRPOJob, layout: RunLayout, storage: Storage, *, metrics_port: int | None = None,
+                 tracker_runs: dict[str, str] | None = None):
+        """`tracker_runs`: the W&B / MLflow run ids a resumed job continues (from its checkpoint).
+        Raises trackers.TrackerError when a tracker can't start its run."""
+        self.loggers = set(job.spec.trainer.loggers)
         self.layout, self.storage = layout, storage
         self._jsonl_lines: list[str] = []
         self._tb = None
@@ -48,11 +53,12 @@ class MetricsLogger:
             from prometheus_client import Gauge, start_http_server
             # A series appears on its first value: a metric this run never computes (perf/mfu
             # without a known peak FLOP/s, actor/kl_loss without useKLLoss) is absent, not 0.
-            self._labels = {"job": job, "namespace": namespace}
+            self._labels = {"job": job.metadata.name, "namespace": job.metadata.namespace}
             for key in PROMETHEUS_KEYS:
                 self._gauges[key] = Gauge(prometheus_name(key), f"verl metric {key}", ["job", "namespace"])
             if metrics_port:
                 start_http_server(metrics_port)
+        self._trackers = start_trackers(job, tracker_runs or {})
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if "console" in self.loggers:
@@ -70,6 +76,14 @@ class MetricsLogger:
         for k, g in self._gauges.items():
             if k in metrics and metrics[k] is not None:
                 g.labels(**self._labels).set(metrics[k])
+        if self._trackers:
+            values = {k: v for k, v in metrics.items() if v is not None}
+            for tracker in self._trackers:
+                tracker.log(step, values)
+
+    def tracker_runs(self) -> dict[str, str]:
+        """The trackers' run ids, for the checkpoint: a resumed job continues these runs."""
+        return {t.name: t.run_id for t in self._trackers}
 
     def resume_from(self, step: int) -> None:
         """Keep metrics.jsonl lines of steps up to `step` (a resumed run rewrites the rest)."""
@@ -80,9 +94,12 @@ class MetricsLogger:
     def write_progress(self, progress: dict) -> None:
         self.storage.write_bytes(self.layout.progress, json.dumps(progress, indent=1).encode())
 
-    def close(self) -> None:
+    def close(self, finished: bool = True) -> None:
+        """`finished`: the run ended; otherwise it stopped to be resumed (SIGTERM)."""
         if self._tb is not None:
             self._tb.close()
+        for tracker in self._trackers:
+            tracker.close(finished)
 
 
 class ProgressBar:

@@ -23,7 +23,7 @@ import grpc
 
 from grpo_api.proto import rollout_pb2 as pb
 from grpo_api.records import RunLayout
-from grpo_api.rpc import rollout_stub
+from grpo_api.rpc import ClientAuth, rollout_stub
 from grpo_api.storage import Storage
 
 log = logging.getLogger("grpo.trainer")
@@ -37,16 +37,16 @@ class ShardResult:
 
 
 class RolloutDispatcher:
-    def __init__(self, *, discover: Callable[[], list[str]], token: str, layout: RunLayout, storage: Storage,
-                 timeout: float, ensure_version: Callable[[str, int], None], max_attempts: int = 6):
-        self.discover, self.token, self.layout, self.storage = discover, token, layout, storage
+    def __init__(self, *, discover: Callable[[], list[str]], auth: ClientAuth | str, layout: RunLayout,
+                 storage: Storage, timeout: float, ensure_version: Callable[[str, int], None], max_attempts: int = 6):
+        self.discover, self.auth, self.layout, self.storage = discover, auth, layout, storage
         self.timeout, self.ensure_version, self.max_attempts = timeout, ensure_version, max_attempts
         self._stubs: dict[str, object] = {}
         self.redispatched = 0
 
     def stub(self, address: str):
         if address not in self._stubs:
-            self._stubs[address] = rollout_stub(address, self.token)
+            self._stubs[address] = rollout_stub(address, self.auth)
         return self._stubs[address]
 
     def workers(self, wait_seconds: float = 120.0) -> list[str]:
@@ -119,6 +119,9 @@ class RolloutDispatcher:
 
     def health(self, worker: str) -> pb.HealthReply:
         return self.stub(worker).Health(pb.HealthRequest(), timeout=10)
+
+    def info(self, worker: str) -> pb.InfoReply:
+        return self.stub(worker).Info(pb.InfoRequest(), timeout=30)
 
 
 def static_or_dns_discovery(addresses: str) -> Callable[[], list[str]]:

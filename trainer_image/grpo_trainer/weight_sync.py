@@ -1,5 +1,5 @@
 """Trainer rank 0's side of a weight update: send a full state dict, as version v, to every
-rollout server, and verify each one reports v (DESIGN.md §6). The receiving side is
+rollout server, and verify each one reports v (docs/ARCHITECTURE.md §6). The receiving side is
 grpo_rollout.weights; both cut the state dict with grpo_api.weights.plan_buckets.
 
 Tensors come as an iterable of (Hugging Face name, full tensor), consumed once, in order: the
@@ -14,6 +14,9 @@ it the iterable is materialized to read them.
   group with the workers (TCPStore here, gloo on CPU, nccl on GPU) and broadcasts bucket by
   bucket. A change of workers, or any failure, re-forms the group under a new id next time.
   `resync` of a single late worker uses the grpc path (no group re-formation for one worker).
+- `IpcWeightSender`: servers on the trainer's own GPU. One PrepareWeightSync (backend
+  "cuda_ipc") names a CUDA buffer of the trainer's, shared through CUDA IPC once; the servers
+  copy the weights out of it, GPU to GPU (grpo_rollout.cuda_ipc is the other side).
 
 Only torch and grpo_api are imported here.
 """
@@ -36,10 +39,10 @@ import grpc
 import torch
 
 from grpo_api.proto import rollout_pb2 as pb
-from grpo_api.rpc import CHUNK_BYTES, rollout_channel
+from grpo_api.rpc import CHUNK_BYTES, ClientAuth, rollout_channel
 from grpo_api.proto.rollout_pb2_grpc import RolloutStub
-from grpo_api.spec import WeightSyncSpec
-from grpo_api.weights import Bucket, TensorSpec, bucket_to_proto, plan_buckets, tensor_meta
+from grpo_api.weights import (WATCHDOG_MARGIN_SECONDS, Bucket, TensorSpec, bucket_to_proto, plan_buckets,
+                              tensor_meta, wait_for_work)
 
 log = logging.getLogger("grpo.trainer.weight_sync")
 
@@ -58,6 +61,8 @@ class SyncReport:
     """Bytes of one copy of the weights (what each worker received)."""
     resent: dict[str, list[int]] = field(default_factory=dict)
     """Buckets a worker rejected (bad checksum) and got again, by worker."""
+    transfer_seconds: float | None = None
+    """Collective path: the broadcasts alone (pack + transfer), without the plan and the commit."""
 
 
 def tensor_specs(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[TensorSpec]:
@@ -106,13 +111,13 @@ class WeightSender(ABC):
 class _Stubs:
     """One channel per worker, kept across updates."""
 
-    def __init__(self, token: str):
-        self._token = token
+    def __init__(self, auth: ClientAuth | str):
+        self._auth = auth
         self._channels: dict[str, grpc.Channel] = {}
 
     def __call__(self, address: str) -> RolloutStub:
         if address not in self._channels:
-            self._channels[address] = rollout_channel(address, self._token)
+            self._channels[address] = rollout_channel(address, self._auth)
         return RolloutStub(self._channels[address])
 
     def close(self) -> None:
@@ -146,10 +151,10 @@ def wait_for_version(stub_of, workers: Sequence[str], version: int, timeout: flo
 
 
 class GrpcWeightSender(WeightSender):
-    def __init__(self, token: str, *, bucket_bytes: int, chunk_bytes: int = CHUNK_BYTES,
+    def __init__(self, auth: ClientAuth | str, *, bucket_bytes: int, chunk_bytes: int = CHUNK_BYTES,
                  timeout_seconds: float = 600.0, max_attempts: int = 3):
         """max_attempts: sends of one bucket to one worker before giving up on that worker."""
-        self._stubs = _Stubs(token)
+        self._stubs = _Stubs(auth)
         self.bucket_bytes, self.chunk_bytes = bucket_bytes, chunk_bytes
         self.timeout, self.max_attempts = timeout_seconds, max_attempts
 
@@ -223,7 +228,7 @@ class _Group:
         import torch.distributed as dist
 
         self.id = group_id
-        td = datetime.timedelta(seconds=timeout)
+        td = datetime.timedelta(seconds=timeout + WATCHDOG_MARGIN_SECONDS)
         prefixed = dist.PrefixStore(f"grpo-weights/{group_id}/", store)
         if backend == "gloo":
             self._pg = dist.ProcessGroupGloo(prefixed, 0, world_size, td)
@@ -234,8 +239,8 @@ class _Group:
         self._opts = dist.BroadcastOptions()
         self._opts.rootRank = 0
 
-    def broadcast(self, tensor: torch.Tensor) -> None:
-        self._pg.broadcast([tensor], self._opts).wait()
+    def broadcast(self, tensor: torch.Tensor, deadline: float, check=None) -> None:
+        wait_for_work(self._pg.broadcast([tensor], self._opts), deadline, "the weight broadcast", check)
 
     def close(self) -> None:
         # abort, not shutdown: a graceful NCCL shutdown waits for the peers to leave too, and
@@ -257,7 +262,7 @@ def _default_master_addr() -> str:
 
 
 class CollectiveWeightSender(WeightSender):
-    def __init__(self, token: str, *, bucket_bytes: int, device: torch.device | str = "cpu",
+    def __init__(self, auth: ClientAuth | str, *, bucket_bytes: int, device: torch.device | str = "cpu",
                  timeout_seconds: float = 600.0, master_addr: str | None = None, master_port: int | None = None,
                  backend: str = "auto"):
         """master_addr/master_port: where the workers reach this process's TCPStore (defaults:
@@ -267,8 +272,8 @@ class CollectiveWeightSender(WeightSender):
 
         if backend not in ("auto", "gloo", "nccl"):
             raise ValueError(f"backend must be auto, gloo or nccl (got {backend!r})")
-        self._stubs = _Stubs(token)
-        self._grpc = GrpcWeightSender(token, bucket_bytes=bucket_bytes, timeout_seconds=timeout_seconds)
+        self._stubs = _Stubs(auth)
+        self._grpc = GrpcWeightSender(auth, bucket_bytes=bucket_bytes, timeout_seconds=timeout_seconds)
         self.bucket_bytes, self.timeout, self.backend = bucket_bytes, timeout_seconds, backend
         self.device = torch.device(device)
         self.master_addr = master_addr or _default_master_addr()
@@ -305,16 +310,31 @@ class CollectiveWeightSender(WeightSender):
                 self._group = _Group(self._store, group_id, 1 + len(workers), backend, self.timeout)
                 self._members = workers
             device = self.device if backend == "nccl" else torch.device("cpu")
+            deadline = started + self.timeout
+            t = time.monotonic()
             for bucket in buckets:
-                self._group.broadcast(pack_bucket(bucket, tensors, device))
-            wait_for_version(self._stubs, workers, version, timeout=self.timeout)
+                self._group.broadcast(pack_bucket(bucket, tensors, device), deadline,
+                                      check=lambda: self._check_alive(workers, version))
+            transfer = time.monotonic() - t
+            wait_for_version(self._stubs, workers, version, timeout=max(deadline - time.monotonic(), 1.0))
         except Exception as exc:
             self._drop_group()  # whatever broke, the next update starts from a fresh group
             if isinstance(exc, WeightSyncError):
                 raise
             raise WeightSyncError(f"collective weight update to version {version} failed: "
                                   f"{type(exc).__name__}: {exc}") from exc
-        return SyncReport(version=version, seconds=time.monotonic() - started, nbytes=sum(b.nbytes for b in buckets))
+        return SyncReport(version=version, seconds=time.monotonic() - started, nbytes=sum(b.nbytes for b in buckets),
+                          transfer_seconds=transfer)
+
+    def _check_alive(self, workers, version: int) -> None:
+        """During a broadcast: a worker that is gone, or whose side failed, never completes it."""
+        for w in workers:
+            try:
+                h = self._stubs(w).Health(pb.HealthRequest(), timeout=10)
+            except grpc.RpcError as exc:
+                raise WeightSyncError(f"worker {w} went away during the weight broadcast: {exc.code().name}") from None
+            if h.weight_sync_error and h.weight_sync_version == version:
+                raise WeightSyncError(f"worker {w}: weight sync to version {version} failed: {h.weight_sync_error}")
 
     def _prepare(self, workers, version, group_id, backend, buckets) -> None:
         bucket_protos = [bucket_to_proto(b) for b in buckets]
@@ -347,12 +367,59 @@ class CollectiveWeightSender(WeightSender):
         self._store = None
 
 
-def make_weight_sender(spec: WeightSyncSpec, *, token: str, device: torch.device | str = "cpu",
-                       master_addr: str | None = None, master_port: int | None = None) -> WeightSender:
-    """The sender `spec.weightSync.backend` names ("nccl" means the collective path, which runs
-    on gloo when the trainer or a worker is on CPU)."""
-    bucket_bytes = spec.bucket_size_mb << 20
-    if spec.backend == "grpc":
-        return GrpcWeightSender(token, bucket_bytes=bucket_bytes, timeout_seconds=spec.timeout_seconds)
-    return CollectiveWeightSender(token, bucket_bytes=bucket_bytes, device=device, timeout_seconds=spec.timeout_seconds,
-                                  master_addr=master_addr, master_port=master_port)
+def cuda_device_uuid(device: torch.device) -> str:
+    """The GPU's UUID ("" off GPU): how the trainer tells that a server shares its GPU."""
+    return str(torch.cuda.get_device_properties(device).uuid) if device.type == "cuda" else ""
+
+
+def share_cuda_buffer(buffer: torch.Tensor) -> pb.CudaIpcBuffer:
+    """Export a whole CUDA uint8 tensor through torch's CUDA IPC (the fields of its reduction,
+    sent as plain values: the other side rebuilds it without unpickling anything)."""
+    from torch.multiprocessing.reductions import reduce_tensor
+    if buffer.device.type != "cuda" or buffer.dtype != torch.uint8 or buffer.storage_offset() != 0:
+        raise ValueError("only a whole CUDA uint8 buffer can be shared")
+    _, args = reduce_tensor(buffer)
+    (_, _, _, _, _, _, _, handle, size, offset, _, ref_handle, ref_offset, event_handle, event_sync) = args
+    return pb.CudaIpcBuffer(handle=handle, size_bytes=size, offset_bytes=offset, ref_counter_handle=ref_handle,
+                            ref_counter_offset=ref_offset, event_handle=event_handle,
+                            event_sync_required=event_sync, device_uuid=cuda_device_uuid(buffer.device))
+
+
+class IpcWeightSender:
+    """Weights to servers on this GPU: they map the buffer (once) and copy out of it."""
+
+    def __init__(self, auth: ClientAuth | str, *, timeout_seconds: float = 600.0):
+        self._stubs = _Stubs(auth)
+        self.timeout = timeout_seconds
+        self._shared: tuple[int, pb.CudaIpcBuffer] | None = None
+
+    def _share(self, buffer: torch.Tensor) -> pb.CudaIpcBuffer:
+        # Shared once per buffer: the servers keep their mapping across updates.
+        if self._shared is None or self._shared[0] != buffer.data_ptr():
+            self._shared = (buffer.data_ptr(), share_cuda_buffer(buffer))
+        return self._shared[1]
+
+    def send(self, workers: Sequence[str], buffer: torch.Tensor, layout: Bucket, version: int) -> SyncReport:
+        """`buffer` holds every tensor of `layout` (one bucket) and must be complete (synchronized)."""
+        if not workers:
+            raise ValueError("no workers to send weights to")
+        started = time.monotonic()
+        ipc = pb.CudaIpcBuffer()
+        ipc.CopyFrom(self._share(buffer))
+        ipc.bucket_offsets.append(0)
+        plan = pb.WeightSyncPlan(version=version, backend="cuda_ipc", buckets=[bucket_to_proto(layout)],
+                                 timeout_seconds=self.timeout, ipc=ipc)
+
+        def prepare(worker):
+            try:
+                self._stubs(worker).PrepareWeightSync(plan, timeout=60)
+            except grpc.RpcError as exc:
+                raise WeightSyncError(f"worker {worker}: PrepareWeightSync: {exc.code().name}: {exc.details()}") from None
+
+        with ThreadPoolExecutor(max_workers=len(workers)) as pool:
+            list(pool.map(prepare, workers))
+        wait_for_version(self._stubs, workers, version, timeout=self.timeout)
+        return SyncReport(version=version, seconds=time.monotonic() - started, nbytes=layout.nbytes)
+
+    def close(self) -> None:
+        self._stubs.close()

@@ -119,7 +119,7 @@ class WeightBucket(_message.Message):
     def __init__(self, tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class WeightSyncPlan(_message.Message):
-    __slots__ = ("version", "group_id", "master_addr", "master_port", "world_size", "rank", "backend", "buckets", "timeout_seconds")
+    __slots__ = ("version", "group_id", "master_addr", "master_port", "world_size", "rank", "backend", "buckets", "timeout_seconds", "ipc")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +129,7 @@ class WeightSyncPlan(_message.Message):
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    IPC_FIELD_NUMBER: _ClassVar[int]
     version: int
     group_id: str
     master_addr: str
@@ -138,7 +139,30 @@ class WeightSyncPlan(_message.Message):
     backend: str
     buckets: _containers.RepeatedCompositeFieldContainer[WeightBucket]
     timeout_seconds: float
-    def __init__(self, version: _Optional[int] = ..., group_id: _Optional[str] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., backend: _Optional[str] = ..., buckets: _Optional[_Iterable[_Union[WeightBucket, _Mapping]]] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+    ipc: CudaIpcBuffer
+    def __init__(self, version: _Optional[int] = ..., group_id: _Optional[str] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., backend: _Optional[str] = ..., buckets: _Optional[_Iterable[_Union[WeightBucket, _Mapping]]] = ..., timeout_seconds: _Optional[float] = ..., ipc: _Optional[_Union[CudaIpcBuffer, _Mapping]] = ...) -> None: ...
+
+class CudaIpcBuffer(_message.Message):
+    __slots__ = ("handle", "size_bytes", "offset_bytes", "ref_counter_handle", "ref_counter_offset", "event_handle", "event_sync_required", "device_uuid", "bucket_offsets")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REF_COUNTER_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    REF_COUNTER_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EVENT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SYNC_REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    handle: bytes
+    size_bytes: int
+    offset_bytes: int
+    ref_counter_handle: bytes
+    ref_counter_offset: int
+    event_handle: bytes
+    event_sync_required: bool
+    device_uuid: str
+    bucket_offsets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, handle: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., offset_bytes: _Optional[int] = ..., ref_counter_handle: _Optional[bytes] = ..., ref_counter_offset: _Optional[int] = ..., event_handle: _Optional[bytes] = ..., event_sync_required: _Optional[bool] = ..., device_uuid: _Optional[str] = ..., bucket_offsets: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PrepareWeightSyncReply(_message.Message):
     __slots__ = ("ready",)
@@ -169,7 +193,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoReply(_message.Message):
-    __slots__ = ("worker_id", "model", "engine", "policy_version", "capacity", "num_parameters", "device")
+    __slots__ = ("worker_id", "model", "engine", "policy_version", "capacity", "num_parameters", "device", "device_uuid")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
@@ -177,6 +201,7 @@ class InfoReply(_message.Message):
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     NUM_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     engine: str
@@ -184,4 +209,5 @@ class InfoReply(_message.Message):
     capacity: int
     num_parameters: int
     device: str
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., policy_version: _Optional[int] = ..., capacity: _Optional[int] = ..., num_parameters: _Optional[int] = ..., device: _Optional[str] = ...) -> None: ...
+    device_uuid: str
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., policy_version: _Optional[int] = ..., capacity: _Optional[int] = ..., num_parameters: _Optional[int] = ..., device: _Optional[str] = ..., device_uuid: _Optional[str] = ...) -> None: ...

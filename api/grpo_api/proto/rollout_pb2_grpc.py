@@ -82,7 +82,8 @@ class RolloutServicer:
         """The collective backend: join/re-form the process group and receive the buckets of `version`
         by broadcast from trainer rank 0. Returns at once: joining the group and receiving happen in
         the background; completion shows as Health.policy_version == version, failure as
-        Health.weight_sync_error.
+        Health.weight_sync_error. Backend "cuda_ipc" (trainer and server on one GPU) needs no group:
+        the server copies the weights out of the trainer's buffer, mapped through CUDA IPC.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -64,15 +64,18 @@ Server-side apply is a `patch`, and a `create` too when the object doesn't exist
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["create"{{ if .Values.operator.readStorageSecrets }}, "get"{{ end }}]
-# Pods: why they are Pending (label-selected watch and list; never modified).
+# Pods: why they are Pending, how a trainer exited (label-selected watch and list). A failed
+# attempt's trainer pods are kept for `kubectl logs`: owned by the GRPOJob too (patch), and
+# deleted once the next attempt runs (delete).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch"]
+  verbs: ["list", "watch", "patch", "delete"]
 # Events on GRPOJobs (the operator's and kopf's).
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-# The trainer's Indexed Job: watched, replaced on failure (delete + create), never patched.
+# The trainer's Indexed Job: watched, replaced on failure (delete + create), never patched
+# (Kueue, not the operator, unsuspends a queued one).
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create", "delete"]
@@ -80,6 +83,14 @@ Server-side apply is a `patch`, and a `create` too when the object doesn't exist
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "create", "patch", "delete"]
+# Kueue: why a queued trainer Job isn't admitted yet (its Workload's conditions, for the status).
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["list"]
+# Gang scheduling (spec.runPolicy.schedulingPolicy): the trainer's PodGroup, server-side applied.
+- apiGroups: ["scheduling.x-k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["create", "patch"]
 {{- if .Values.jobDefaults.networkPolicy.enabled }}
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]

@@ -1,10 +1,13 @@
 //go:build tools
 
 // Package tools pins the commands built from this module, so `go mod tidy`
-// keeps their dependencies in go.mod/go.sum.
+// keeps their dependencies in go.mod/go.sum. kubelet and kube-scheduler make
+// the single node of tests/e2e.
 package tools
 
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )

@@ -8,12 +8,13 @@ Names and formulas follow verl's ``verl/trainer/ppo/core_algos.py``, one concept
 - ``aggregation``: ``aggregate_loss`` and ``LossNormalizer`` (exact gradient accumulation).
 - ``kl``: ``kl_penalty`` (k1, abs, k2, k3 and their ``+`` straight-through variants).
 - ``logprobs``: chunked ``logprobs_from_logits`` / ``entropy_from_logits``.
-- ``dapo``: dynamic-sampling filter and overlong reward shaping.
+
+DAPO's dynamic sampling is the trainer's loop (``Trainer._informative_groups``) and its overlong
+shaping is scored with the reward on the rollout servers (``grpo_rollout.rewards.overlong``).
 """
 
 from .advantages import compute_advantages
 from .aggregation import LOSS_AGG_MODES, LossNormalizer, aggregate_loss, loss_denominator, loss_numerator
-from .dapo import filter_groups_with_equal_rewards, overlong_penalty
 from .groups import Groups
 from .kl import KL_TYPES, kl_penalty
 from .logprobs import entropy_from_logits, logprobs_from_logits
@@ -40,7 +41,6 @@ __all__ = [
     "aggregate_loss",
     "compute_advantages",
     "entropy_from_logits",
-    "filter_groups_with_equal_rewards",
     "get_adv_estimator_fn",
     "get_policy_loss_fn",
     "kl_penalty",
@@ -51,7 +51,6 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
-    "overlong_penalty",
     "policy_loss",
     "register_adv_est",
     "register_policy_loss",

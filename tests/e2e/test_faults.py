@@ -1,0 +1,108 @@
+"""Faults with real pods: a rollout pod deleted mid-run, the trainer pod killed mid-run,
+suspend then resume, and an image that doesn't exist."""
+
+from __future__ import annotations
+
+import pytest
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from .e2e_helpers import (S3_BUCKET, apply, describe, gj_row, make_assets, metrics, new_namespace, pods,
+                          quickstart_job, status, wait_for, wait_phase)
+
+# The first test to use the cluster also pays for starting it, which includes importing new
+# images into containerd (~12 min for the two torch images) when the sources changed.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
+
+
+@pytest.fixture(scope="module")
+def models(cluster, operator):
+    return make_assets(cluster)
+
+
+def _wait_step(cluster, ns, name, step: int, timeout: float = 600) -> None:
+    wait_for(f"{name} at step >= {step}",
+             lambda: (status(cluster, ns, name).get("progress") or {}).get("step", 0) >= step,
+             timeout=timeout, interval=1, diagnose=describe(cluster, ns, name))
+
+
+def _samples_per_step(cluster, ns, name) -> dict[int, int]:
+    """Distinct (prompt_index, sample_index) pairs in each step's rollout shards."""
+    fs = cluster.s3()
+    root = f"{S3_BUCKET}/runs/{ns}/{name}/rollouts"
+    counts = {}
+    for d in fs.get_file_info(pafs.FileSelector(root)):
+        if d.type != pafs.FileType.Directory:
+            continue
+        pairs = set()
+        for f in fs.get_file_info(pafs.FileSelector(d.path, recursive=True)):
+            if f.path.endswith(".parquet"):
+                table = pq.read_table(f.path, filesystem=fs, columns=["prompt_index", "sample_index"])
+                pairs.update(zip(table["prompt_index"].to_pylist(), table["sample_index"].to_pylist()))
+        counts[int(d.base_name.removeprefix("step-"))] = len(pairs)
+    return counts
+
+
+def test_deleted_rollout_pod_is_replaced_and_no_sample_is_lost(cluster, models):
+    ns, name, steps = new_namespace(cluster), "rolloutkill", 8
+    job = quickstart_job(name, cluster, models, steps=steps, testFreq=-1, valBeforeTrain=False)
+    apply(cluster, ns, job)
+    _wait_step(cluster, ns, name, 2)
+    (victim,) = [p["metadata"]["name"] for p in pods(cluster, ns, name, "rollout")]
+    cluster.kubectl("delete", "pod", "-n", ns, victim, "--wait=false")
+    wait_for("a new rollout pod", lambda: [p for p in pods(cluster, ns, name, "rollout")
+                                           if p["metadata"]["name"] != victim], timeout=120)
+    final = wait_phase(cluster, ns, name, {"Succeeded"}, timeout=900)
+    assert final["progress"]["step"] == steps
+    want = job["spec"]["data"]["trainBatchSize"] * job["spec"]["rollout"]["n"]
+    counts = _samples_per_step(cluster, ns, name)
+    assert all(counts.get(s, 0) >= want for s in range(1, steps + 1)), counts
+
+
+def test_killed_trainer_pod_is_restarted_and_resumes_from_the_checkpoint(cluster, models):
+    ns, name, steps = new_namespace(cluster), "trainerkill", 9
+    job = quickstart_job(name, cluster, models, steps=steps, testFreq=-1, valBeforeTrain=False, saveFreq=5)
+    apply(cluster, ns, job)
+    _wait_step(cluster, ns, name, 6)          # after the step-5 checkpoint
+    (victim,) = [p["metadata"]["name"] for p in pods(cluster, ns, name, "trainer")]
+    # A crash, not a deletion: every process of the pod's user dies (torchrun is PID 1).
+    cluster.kubectl("exec", "-n", ns, victim, "--", "bash", "-c", "kill -KILL -1", check=False)
+    final = wait_phase(cluster, ns, name, {"Succeeded"}, timeout=900)
+    assert final["progress"]["step"] == steps
+    assert final["restarts"] >= 1, final
+    (trainer,) = [p for p in pods(cluster, ns, name, "trainer") if p["metadata"]["name"] != victim]
+    logs = cluster.kubectl("logs", "-n", ns, trainer["metadata"]["name"]).stdout
+    assert "Resumed from" in logs and "step-5" in logs, logs[-3000:]
+    assert max(r["step"] for r in metrics(cluster, ns, name) if "step" in r) == steps
+
+
+def test_suspend_then_resume(cluster, models):
+    ns, name, steps = new_namespace(cluster), "suspend", 8
+    job = quickstart_job(name, cluster, models, steps=steps, testFreq=-1, valBeforeTrain=False, saveFreq=4)
+    apply(cluster, ns, job)
+    _wait_step(cluster, ns, name, 2)
+    cluster.kubectl("patch", "gj", name, "-n", ns, "--type=merge", "-p", '{"spec": {"runPolicy": {"suspend": true}}}')
+    wait_phase(cluster, ns, name, {"Suspended"}, timeout=300)
+    wait_for("no pods while suspended", lambda: not pods(cluster, ns, name, "trainer")
+             and not pods(cluster, ns, name, "rollout"), timeout=300, diagnose=describe(cluster, ns, name))
+    at_suspend = status(cluster, ns, name)["progress"]["step"]
+    cluster.kubectl("patch", "gj", name, "-n", ns, "--type=merge", "-p", '{"spec": {"runPolicy": {"suspend": false}}}')
+    final = wait_phase(cluster, ns, name, {"Succeeded"}, timeout=900)
+    assert final["progress"]["step"] == steps and at_suspend < steps
+
+
+def test_missing_image_shows_the_reason_and_the_pending_deadline_fails_the_job(cluster, models):
+    ns, name = new_namespace(cluster), "noimage"
+    job = quickstart_job(name, cluster, models, steps=2)
+    job["spec"]["trainer"]["template"]["spec"]["containers"][0]["image"] = "localhost/grpo-e2e/does-not-exist:1"
+    job["spec"]["runPolicy"] = {"pendingDeadlineSeconds": 45}
+    apply(cluster, ns, job)
+
+    def reason_shown():
+        described = cluster.kubectl("describe", "gj", name, "-n", ns).stdout
+        return ("ErrImagePull" in described or "ImagePullBackOff" in described) and described
+    wait_for("the image pull reason in `kubectl describe gj`", reason_shown, timeout=180,
+             diagnose=describe(cluster, ns, name))
+    final = wait_phase(cluster, ns, name, {"Failed"}, timeout=300)
+    assert "does-not-exist" in str(final.get("conditions")) or "Image" in str(final.get("conditions")), final
+    assert gj_row(cluster, ns, name)["PHASE"] == "Failed"
