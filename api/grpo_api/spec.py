@@ -48,11 +48,18 @@ class DType(str, Enum):
     float32 = "float32"
 
 
+class ModelCacheSpec(_Model):
+    claim_name: str = Field(pattern=SECRET_NAME_PATTERN, max_length=253)
+    """PersistentVolumeClaim (in the job's namespace) that holds fetched models: each pod's init container copies model.path into it once (hub id or object storage; the first pod downloads, the others wait for it), then the pods load from it, read-only. ReadWriteMany when the pods may land on several nodes; reused by every job of the same model."""
+
+
 class ModelSpec(_Model):
     path: str = Field(min_length=1)
-    """Hugging Face model id or local/object-storage path of the policy (verl: actor_rollout_ref.model.path)."""
+    """Hugging Face model id, local folder, or object-storage folder (s3://bucket/prefix, file:///path; read with spec.storage's endpoint and credentials) of the policy (verl: actor_rollout_ref.model.path)."""
     tokenizer_path: str | None = None
-    """Tokenizer location when it differs from `path`."""
+    """Tokenizer location when it differs from `path` (the same kinds of location)."""
+    cache: ModelCacheSpec | None = None
+    """Fetch the model once into a shared volume instead of into every pod. Null: a hub model is downloaded by each pod, a model in object storage is fetched into each pod's own emptyDir."""
     dtype: DType = DType.bfloat16
     """Parameter dtype for training compute and rollout (float32 master weights are kept by FSDP2 mixed precision on GPU)."""
     gradient_checkpointing: bool = True
@@ -490,6 +497,19 @@ def _filter_groups_needs_groups(s: GRPOJobSpec) -> str | None:
     return None
 
 
+def is_local_folder(path: str | None) -> bool:
+    return path is not None and path.startswith(("/", "./", "../"))
+
+
+def _cache_has_something_to_fetch(s: GRPOJobSpec) -> str | None:
+    m = s.model
+    if m.cache and is_local_folder(m.path) and (m.tokenizer_path is None or is_local_folder(m.tokenizer_path)):
+        return (f"nothing to fetch: model.path {m.path!r} is a folder the pods already see (give a hub id or an "
+                f"s3:// folder, or drop model.cache)")
+    return None
+
+
+_LOCAL_PATH = "{0}.startsWith('/') || {0}.startsWith('./') || {0}.startsWith('../')"
 _GROUP_LIST = "[" + ", ".join(f"'{e}'" for e in GROUP_ESTIMATORS) + "]"
 
 CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
@@ -541,6 +561,12 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         "!self.algorithm.filterGroups || self.rollout.n >= 2",
         "algorithm.filterGroups needs rollout.n >= 2 (a group of one sample never has unequal rewards)",
         _filter_groups_needs_groups),
+    CrossFieldRule(
+        "model.cache",
+        f"!has(self.model.cache) || !({_LOCAL_PATH.format('self.model.path')}) || "
+        f"(has(self.model.tokenizerPath) && !({_LOCAL_PATH.format('self.model.tokenizerPath')}))",
+        "model.cache has nothing to fetch when model.path (and tokenizerPath) are folders the pods already see",
+        _cache_has_something_to_fetch),
 )
 
 def _storage_reaches_every_pod(s: GRPOJobSpec) -> str | None:

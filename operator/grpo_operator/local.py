@@ -141,12 +141,15 @@ def _last_line(path: Path | None) -> str:
 
 def preflight(job: GRPOJob) -> None:
     """What can be checked on this machine before anything starts or is written: a local model
-    folder and local dataset files exist."""
+    folder and local dataset files exist; a model in object storage is fetched into the user's
+    cache (once: the trainer and rollout processes then find it there)."""
+    from grpo_api.model_cache import local_model
     from grpo_api.storage import check_local_model_path
     spec = job.spec
-    check_local_model_path(spec.model.path)
-    if spec.model.tokenizer_path:
-        check_local_model_path(spec.model.tokenizer_path, "spec.model.tokenizerPath")
+    model = local_model(spec.model, spec.storage, log=log.info)
+    check_local_model_path(model.path)
+    if model.tokenizer_path:
+        check_local_model_path(model.tokenizer_path, "spec.model.tokenizerPath")
     for field, files in (("trainFiles", spec.data.train_files), ("valFiles", spec.data.val_files)):
         for i, uri in enumerate(files):
             if "://" in uri and not uri.startswith("file://"):

@@ -13,6 +13,9 @@ input always gives the same dict; handlers.py applies them.
     <job>           PodMonitor  when the monitoring.coreos.com CRDs exist
     <job>-trainer   PodGroup    with spec.runPolicy.schedulingPolicy (gang scheduling)
 
+A model to fetch (spec.model.cache, or a model in object storage) gives every trainer and rollout
+pod a `model` init container, `grpo model fetch`, and the cache volume (grpo_api.model_cache).
+
 Kueue: a GRPOJob labelled `kueue.x-k8s.io/queue-name` gets a trainer Job created suspended,
 with that label, for Kueue's batch/Job integration to admit (docs/ARCHITECTURE.md §4).
 
@@ -28,7 +31,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from grpo_api import signing
+from grpo_api import model_cache, signing
 from grpo_api.jobfile import dump_job
 from grpo_api.rpc import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, TLS_SERVER_NAME_ENV, TOKEN_ENV
 from grpo_api.spec import GRPOJob, ObjectMeta
@@ -39,7 +42,7 @@ from grpo_operator.pki import JobTLS
 from grpo_operator.settings import OperatorSettings
 from grpo_operator.templates import merge_pod_template
 
-_SPEC_VOLUME, _SHM_VOLUME = "grpo-spec", "dshm"
+_SPEC_VOLUME, _SHM_VOLUME, _MODEL_VOLUME = "grpo-spec", "dshm", "model-cache"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 
@@ -199,7 +202,36 @@ def _pod_template(job: GRPOJob, settings: OperatorSettings, role: str, container
     }
     if settings.image_pull_secrets:
         template["spec"]["imagePullSecrets"] = [{"name": s} for s in settings.image_pull_secrets]
-    return merge_pod_template(template, override, f"spec.{role}.template")
+    fetch = model_cache.needs_fetch(job.spec.model)
+    if fetch:
+        _add_model_cache(job, template)
+    merged = merge_pod_template(template, override, f"spec.{role}.template")
+    if fetch:
+        merged["spec"]["initContainers"] = [_model_init_container(merged["spec"]["containers"][0], container_security)]
+    return merged
+
+
+def _add_model_cache(job: GRPOJob, template: dict[str, Any]) -> None:
+    """The model cache volume (the job's claim, else the pod's own emptyDir), read-only in the main
+    container, which finds the fetched model through GRPO_MODEL_CACHE."""
+    cache = job.spec.model.cache
+    source = {"persistentVolumeClaim": {"claimName": cache.claim_name}} if cache else {"emptyDir": {}}
+    template["spec"]["volumes"].append({"name": _MODEL_VOLUME, **source})
+    main = template["spec"]["containers"][0]
+    main["volumeMounts"].append({"name": _MODEL_VOLUME, "mountPath": model_cache.MOUNT_PATH, "readOnly": True})
+    main["env"].append({"name": model_cache.CACHE_ENV, "value": model_cache.MOUNT_PATH})
+
+
+def _model_init_container(main: dict[str, Any], security: dict[str, Any]) -> dict[str, Any]:
+    """`grpo model fetch` in the main container's image with its environment (storage credentials,
+    HF_TOKEN from the template), writing the cache: the pod starts once its model is there."""
+    return {"name": "model", "image": main["image"], "imagePullPolicy": main["imagePullPolicy"],
+            "command": ["grpo"], "args": ["model", "fetch", "--spec", SPEC_PATH],
+            "env": copy.deepcopy(main["env"]), **({"envFrom": copy.deepcopy(main["envFrom"])} if "envFrom" in main else {}),
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "securityContext": security,
+            "volumeMounts": [{"name": _SPEC_VOLUME, "mountPath": SPEC_DIR, "readOnly": True},
+                             {"name": _MODEL_VOLUME, "mountPath": model_cache.MOUNT_PATH}]}
 
 
 def trainer_gpus(job: GRPOJob) -> int:

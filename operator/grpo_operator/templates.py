@@ -28,7 +28,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from grpo_api import rpc, signing
+from grpo_api import model_cache, rpc, signing
 
 _METADATA_KEYS = {"labels", "annotations"}
 _SPEC_MERGE = {"nodeSelector"}
@@ -37,7 +37,8 @@ _SPEC_SET = {"affinity", "priorityClassName", "schedulerName", "runtimeClassName
 _SPEC_KEYS = _SPEC_MERGE | _SPEC_APPEND | _SPEC_SET | {"volumes", "containers"}
 _CONTAINER_KEYS = {"name", "image", "imagePullPolicy", "env", "envFrom", "volumeMounts", "resources"}
 RESERVED_ENV = frozenset({rpc.TOKEN_ENV, rpc.TOKEN_FILE_ENV, rpc.TLS_CA_ENV, rpc.TLS_SERVER_NAME_ENV, rpc.TLS_CERT_ENV,
-                          rpc.TLS_KEY_ENV, signing.KEY_ENV, "POD_NAME", "JOB_COMPLETION_INDEX"})
+                          rpc.TLS_KEY_ENV, signing.KEY_ENV, model_cache.CACHE_ENV, "POD_NAME",
+                          "JOB_COMPLETION_INDEX"})
 RESERVED_ENV_PREFIX = "PET_"
 """Variables that wire the pods together (RPC token, TLS, checkpoint key, worker identity,
 torchrun rendezvous): a template can't override them (turning TLS off, say)."""

@@ -17,9 +17,18 @@ def rollout(argv: list[str]) -> int:
 
 
 def model(argv: list[str]) -> int:
-    """Write a tiny random-weight model (for tests and the quickstart)."""
-    parser = argparse.ArgumentParser(prog="grpo model", description="Build models locally (no downloads).")
+    """Fetch a job's model into a cache folder, or write a tiny random-weight model (tests, quickstart)."""
+    parser = argparse.ArgumentParser(prog="grpo model", description="Models: fetch a job's model into a cache "
+                                     "folder; build a tiny one locally.")
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    fetch = sub.add_parser("fetch", help="copy a job's model into a cache folder (the pods' init container)",
+                           description="Copy spec.model.path (and tokenizerPath) of a GRPOJob into "
+                                       "<cache>/<name>-<hash>/ unless it is there: from object storage with "
+                                       "spec.storage's endpoint and credentials, or from the Hugging Face hub. "
+                                       "Pods fetching at once download it once.")
+    fetch.add_argument("--spec", required=True, help="GRPOJob YAML file")
+    fetch.add_argument("--cache", default=None,
+                       help="cache folder (default: $GRPO_MODEL_CACHE, else ~/.cache/grpo-operator/models)")
     tiny = sub.add_parser("tiny", help="a tiny random-weight model and a locally built tokenizer",
                           description="Write a tiny random-init model of a real architecture and its "
                                       "word-level tokenizer (the quickstart's vocabulary), loadable "
@@ -28,8 +37,29 @@ def model(argv: list[str]) -> int:
     tiny.add_argument("--arch", default="qwen3", choices=["qwen3"], help="architecture (default: qwen3)")
     tiny.add_argument("--seed", type=int, default=0, help="weight init seed (default: 0)")
     args = parser.parse_args(argv)
+    if args.action == "fetch":
+        return _fetch(args.spec, args.cache)
 
     from grpo_rollout.tiny import build_tiny_model  # imports torch/transformers when called
     out = build_tiny_model(args.out, arch=args.arch, seed=args.seed)
     print(f"wrote a tiny {args.arch} model (seed {args.seed}) to {out}")
+    return 0
+
+
+def _fetch(spec_path: str, cache: str | None) -> int:
+    import os
+    import sys
+
+    from grpo_api import model_cache
+    from grpo_api.jobfile import JobError, load_job
+    try:
+        spec = load_job(spec_path).spec
+        root = cache or os.environ.get(model_cache.CACHE_ENV) or model_cache.default_root(os.environ)
+        model_cache.fetch_model(spec.model, spec.storage, root)
+    except JobError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:      # unreachable storage, no such model, a full volume
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0

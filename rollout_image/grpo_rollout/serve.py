@@ -111,17 +111,19 @@ def main(argv: list[str]) -> int:
 
 
 def _start(args, job, spec, token, tls, worker_id, metrics, rewards, holder):
+    from grpo_api.model_cache import local_model
     from grpo_api.storage import Storage, check_local_model_path
     from grpo_rollout.engine import build_engine
     from grpo_rollout.server import RolloutServicer, start_server
     from grpo_rollout.worker import RolloutWorker
 
-    check_local_model_path(spec.model.path)
-    if spec.model.tokenizer_path:
-        check_local_model_path(spec.model.tokenizer_path, "spec.model.tokenizerPath")
-    engine = build_engine(spec.rollout.engine, spec.model.path, dtype=spec.model.dtype.value, device=_device(args.device),
-                          seed=spec.rollout.seed, tokenizer_path=spec.model.tokenizer_path,
-                          trust_remote_code=spec.model.trust_remote_code,
+    model = local_model(spec.model, spec.storage)       # a fetched model's cache folder
+    check_local_model_path(model.path)
+    if model.tokenizer_path:
+        check_local_model_path(model.tokenizer_path, "spec.model.tokenizerPath")
+    engine = build_engine(spec.rollout.engine, model.path, dtype=model.dtype.value, device=_device(args.device),
+                          seed=spec.rollout.seed, tokenizer_path=model.tokenizer_path,
+                          trust_remote_code=model.trust_remote_code,
                           tensor_parallel_size=spec.rollout.tensor_parallel_size,
                           gpu_memory_utilization=spec.rollout.gpu_memory_utilization, max_model_len=spec.total_length,
                           enforce_eager=spec.rollout.enforce_eager,

@@ -142,6 +142,62 @@ def test_trainer_pods_get_gpus_shm_spec_and_s3_credentials():
     assert pod["terminationGracePeriodSeconds"] == S.trainer_termination_grace_seconds >= 600
 
 
+def _pods(j):
+    return {"trainer": manifests.build_trainer_job(j, S)["spec"]["template"]["spec"],
+            "rollout": manifests.build_rollout_deployment(j, S)["spec"]["template"]["spec"]}
+
+
+def test_a_model_cache_is_filled_by_an_init_container_and_read_only_in_the_pods():
+    j = job(**{"model.path": "s3://models/Qwen3-1.7B", "model.cache": {"claimName": "shared-models"},
+               "trainer.template": {"spec": {"containers": [{"image": "registry.example/trainer:patched",
+                                                              "env": [{"name": "HF_TOKEN", "value": "x"}]}]}}})
+    for role, pod in _pods(j).items():
+        (main,) = pod["containers"]
+        (init,) = pod["initContainers"]
+        assert {v["name"]: v for v in pod["volumes"]}["model-cache"] == {
+            "name": "model-cache", "persistentVolumeClaim": {"claimName": "shared-models"}}
+        assert {"name": "model-cache", "mountPath": "/model-cache", "readOnly": True} in main["volumeMounts"]
+        assert {"name": "GRPO_MODEL_CACHE", "value": "/model-cache"} in main["env"]
+        # the fetch runs the main container's image (a template's too) with its environment,
+        # and is the only one that writes the cache
+        assert init["name"] == "model" and init["image"] == main["image"]
+        assert [init["command"], init["args"]] == [["grpo"], ["model", "fetch", "--spec", "/etc/grpo/job.yaml"]]
+        assert init["env"] == main["env"] and init.get("envFrom") == main.get("envFrom")
+        assert {m["mountPath"]: m.get("readOnly", False) for m in init["volumeMounts"]} == {
+            "/etc/grpo": True, "/model-cache": False}
+        assert init["securityContext"] == main["securityContext"]
+        assert "resources" not in init          # no GPUs held by the fetch
+    assert _pods(j)["trainer"]["initContainers"][0]["image"] == "registry.example/trainer:patched"
+
+
+def test_a_model_in_object_storage_without_a_cache_is_fetched_into_each_pod():
+    pods = _pods(job(**{"model.path": "s3://models/Qwen3-1.7B"}))
+    for pod in pods.values():
+        assert {v["name"]: v for v in pod["volumes"]}["model-cache"] == {"name": "model-cache", "emptyDir": {}}
+        assert pod["initContainers"][0]["args"][:2] == ["model", "fetch"]
+
+
+def test_a_hub_model_without_a_cache_has_no_init_container():
+    for pod in _pods(job(**{"model.path": "Qwen/Qwen3-1.7B"})).values():
+        assert "initContainers" not in pod and "model-cache" not in {v["name"] for v in pod["volumes"]}
+
+
+def test_a_template_cannot_rewire_the_model_cache():
+    from grpo_operator.templates import TemplateError
+    j = job(**{"model.cache": {"claimName": "m"}, "rollout.template": {"spec": {
+        "volumes": [{"name": "model-cache", "emptyDir": {}}],
+        "containers": [{"env": [{"name": "GRPO_MODEL_CACHE", "value": "/tmp"}],
+                        "volumeMounts": [{"name": "x", "mountPath": "/model-cache"}]}]}}})
+    with pytest.raises(TemplateError) as err:
+        manifests.build_rollout_deployment(j, S)
+    assert err.value.errors == [
+        "spec.rollout.template.spec.volumes[0].name: 'model-cache' is the operator's volume; choose another name",
+        "spec.rollout.template.spec.containers[0].env[0].name: 'GRPO_MODEL_CACHE' is set by the operator "
+        "(it wires the pods together)",
+        "spec.rollout.template.spec.containers[0].volumeMounts[0].mountPath: '/model-cache' is the operator's; "
+        "choose another path"]
+
+
 def test_tracker_secret_becomes_the_trainer_environment_by_reference():
     j = job(**{"trainer.loggers": ["console", "wandb", "mlflow"], "trainer.trackerSecretRef": "team-trackers"})
     trainer = manifests.build_trainer_job(j, S)["spec"]["template"]["spec"]["containers"][0]

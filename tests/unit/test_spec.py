@@ -91,6 +91,9 @@ INVALID_SPECS = [
     ({"algorithm.filterGroups": True, "algorithm.advEstimator": "reinforce_plus_plus", "rollout.n": 1},
      "spec.algorithm.filterGroups", "needs rollout.n >= 2"),
     ({"reward.function": "my_rewards.py"}, "spec.reward.function", "match"),
+    ({"model.path": "/models/qwen", "model.cache": {"claimName": "models"}}, "spec.model.cache",
+     "nothing to fetch: model.path '/models/qwen' is a folder the pods already see"),
+    ({"model.cache": {"claimName": "Models_PVC"}}, "spec.model.cache.claimName", "match"),
 ]
 
 

@@ -70,6 +70,7 @@ def export(argv: list[str]) -> int:
     from pathlib import Path
 
     from grpo_api import signing
+    from grpo_api.model_cache import local_model
     from grpo_api.spec import ModelSpec
     from grpo_api.storage import Storage
     from grpo_trainer.checkpoint import MANIFEST, load_full_state_dict
@@ -87,7 +88,9 @@ def export(argv: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     out = f"file://{Path(args.out).absolute()}"
-    save_hf(weights, ModelSpec.model_validate(state["model"]), out, storage)
+    # The model's config and tokenizer come from where the job read them (fetched again here when
+    # that is object storage).
+    save_hf(weights, local_model(ModelSpec.model_validate(state["model"])), out, storage)
     print(f"Exported step {state['step']} to {args.out}")
     return 0
 

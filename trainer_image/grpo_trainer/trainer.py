@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
 
+from grpo_api.model_cache import local_model
 from grpo_api.proto import rollout_pb2 as pb
 from grpo_api.records import RunLayout
 from grpo_api.rpc import ClientAuth
@@ -70,7 +71,11 @@ class Trainer:
         torch.manual_seed(self.spec.trainer.seed)
         self.storage = Storage(self.spec.storage)
         self.layout = RunLayout(job_root(job, local=local))
-        self.tokenizer = load_tokenizer(self.spec.model)
+        # The model as the loaders see it: a fetched model's cache folder (spec.model keeps the
+        # user's location: checkpoints record it).
+        self.model_spec = local_model(self.spec.model, self.spec.storage,
+                                      log=print if self.rank == 0 else lambda *_: None)
+        self.tokenizer = load_tokenizer(self.model_spec)
         self.state = State()
         self.sampler: EpochSampler | None = None
         problem = None
@@ -93,8 +98,8 @@ class Trainer:
         self.total_steps = self.spec.trainer.total_steps or self.spec.trainer.total_epochs * batches_per_epoch
         self.steps_per_epoch = batches_per_epoch
         compile = self.spec.trainer.use_torch_compile
-        self.model = build_policy(self.spec.model, self.device, compile=compile)
-        self.ref = (build_reference(self.spec.model, self.device, cpu_offload=self.spec.trainer.ref_cpu_offload,
+        self.model = build_policy(self.model_spec, self.device, compile=compile)
+        self.ref = (build_reference(self.model_spec, self.device, cpu_offload=self.spec.trainer.ref_cpu_offload,
                                     compile=compile)
                     if self.spec.algorithm.use_kl_loss else None)
         self.optimizer, self.scheduler = build_optimizer(self.model, self.spec.trainer, self.total_steps)
@@ -519,7 +524,7 @@ class Trainer:
     def export_final(self) -> None:
         from grpo_trainer.export import save_hf
         uri = self.layout.hf_export(self.state.step)
-        save_hf(self.publisher.cpu_state_dict(), self.spec.model, uri, self.storage)
+        save_hf(self.publisher.cpu_state_dict(), self.model_spec, uri, self.storage)
         log.info("Exported the final policy to %s", uri)
 
     def _write_progress(self, metrics: dict[str, float]) -> None:
