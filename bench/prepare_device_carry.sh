@@ -71,10 +71,14 @@ XZ_LEVEL=-6
 # The stand-in venv: torch 2.11.0 (PyPI's is +cu130 like the device's; the CPU index is tried
 # first) plus the image's packages that vLLM imports, at the device's versions where known.
 # numba unpinned: pip picks one that accepts numpy 2.5 (vLLM's numba==0.65.0 wants numpy<2.4).
+# accelerate..xxhash: what trl and datasets need from the image (for the .whl import test).
 VENV_PINS=(torch==2.11.0 torchvision==0.26.0 torchaudio==2.11.0 transformers==5.17.0 numpy==2.5.2
-  tokenizers==0.23.2 safetensors==0.8.0 numba regex psutil sentencepiece requests tqdm py-cpuinfo
-  "protobuf<7" aiohttp prometheus-client pillow tiktoken filelock pyyaml six "setuptools<81" einops
-  cloudpickle ninja msgpack anyio httpx h11 httpcore jinja2 rich typer click uvloop annotated-doc)
+  tokenizers==0.23.2 safetensors==0.8.0 accelerate==1.15.0 numba regex psutil sentencepiece requests
+  tqdm py-cpuinfo "protobuf<7" aiohttp prometheus-client pillow tiktoken filelock pyyaml six
+  "setuptools<81" einops cloudpickle ninja msgpack anyio httpx h11 httpcore jinja2 rich click uvloop
+  annotated-doc pandas xxhash "fsspec[http]<=2026.2.0")
+# The image has no pydantic, but a new typer (a transformers dependency) pulls it in: removed after.
+VENV_NOT=(pydantic pydantic-core annotated-types typing-inspection)
 
 # cp312 manylinux x86_64 wheels; pip matches platform tags exactly, so name each glibc level
 # (vLLM 0.22+ is 2_28, llguidance 2_31, cryptography 2_34).
@@ -110,6 +114,28 @@ EOF
 }
 
 # ---- 1. .whl ---------------------------------------------------------------------------------
+# As h200_run.sh installs them, then the project's modules that need them (with the site of
+# .vchunks after it when that is built, since h200_run.sh puts both on the path). Needs the
+# stand-in venv (section 2); skipped without it (WHL_TEST=0 skips it too).
+whl_test() {  # whl_test DIR
+  if [ "${WHL_TEST:-1}" = 0 ] || [ ! -x "$VENV/bin/python" ]; then echo "   (no $VENV: .whl import test skipped)"; return; fi
+  local t="$BUILD/whl-site"
+  rm -rf "$t"
+  nice "$VENV/bin/pip" install -q --no-index --no-deps --no-compile --no-cache-dir --target "$t" "$1"/*.whl
+  (cd /tmp && PYTHONPATH="$t:$ROOT/api:$ROOT/trainer_image:$ROOT/rollout_image:$ROOT/operator" \
+    nice "$VENV/bin/python" -c '
+import importlib
+for m in ("grpc", "google.protobuf", "pydantic", "pebble", "trl", "datasets", "multiprocess", "dill",
+          "cryptography.x509", "grpo_api.spec", "grpo_api.rpc", "grpo_operator.pki", "grpo_trainer.weight_sync",
+          "grpo_rollout.serve", "grpo_rollout.rewards.pool", "trl.trainer.grpo_trainer"):
+    mod = importlib.import_module(m)
+import grpc, google.protobuf, pydantic, trl, datasets
+print("whl import test OK: grpc", grpc.__version__, "protobuf", google.protobuf.__version__, "pydantic",
+      pydantic.__version__, "trl", trl.__version__, "datasets", datasets.__version__)
+')
+  rm -rf "$t"
+}
+
 build_whl() {
   local key; key=$(key_of "${WHL_PINS[@]}")
   if [ -z "${FORCE:-}" ] && [ "$(cat .whl/KEY 2>/dev/null)" = "$key" ] && check_wheels .whl "${WHL_PINS[@]}" 2>/dev/null; then
@@ -121,6 +147,7 @@ build_whl() {
   check_wheels "$BUILD/whl" "${WHL_PINS[@]}"
   local size; size=$(mb "$BUILD"/whl/*.whl)
   if awk -v s="$size" -v m="$WHL_MAX_MB" 'BEGIN {exit !(s > m)}'; then echo "== .whl: ${size} MiB > ${WHL_MAX_MB}" >&2; exit 1; fi
+  whl_test "$BUILD/whl"
   mkdir -p .whl
   cp "$BUILD"/whl/*.whl .whl/
   printf '%s\n' "${WHL_PINS[@]}" > .whl/MANIFEST.txt
@@ -129,7 +156,7 @@ build_whl() {
 
 # ---- 2. .vchunks -----------------------------------------------------------------------------
 make_venv() {  # the device image's stand-in, for the CPU import test
-  local key; key=$(key_of "${VENV_PINS[@]}")
+  local key; key=$(key_of "${VENV_PINS[@]}" "${VENV_NOT[@]}")
   [ -f "$VENV/.standin-$key" ] && return
   echo "== venv $VENV (torch 2.11.0 etc.; large download the first time)"
   [ -x "$VENV/bin/python" ] || "$PY312" -m venv "$VENV"
@@ -138,6 +165,7 @@ make_venv() {  # the device image's stand-in, for the CPU import test
          --index-url https://download.pytorch.org/whl/cpu torch==2.11.0 2>/dev/null \
     || echo "   (CPU index unreachable: PyPI's torch 2.11.0, cu130, ~3.5 GB with its CUDA libraries)"
   nice "$VENV/bin/pip" install -q --no-cache-dir "${VENV_PINS[@]}"
+  "$VENV/bin/pip" uninstall -q -y "${VENV_NOT[@]}"
   touch "$VENV/.standin-$key"
 }
 
@@ -165,6 +193,18 @@ print("import test OK: vllm", vllm.__version__, "from", vllm.__file__, "-", len(
 import_test() {  # import_test SITE
   (cd /tmp && PYTHONPATH="$1" VLLM_USE_FLASHINFER_SAMPLER=0 nice "$VENV/bin/python" -c "$IMPORT_TEST")
 }
+# Here, without a GPU, vLLM picks no CUDA platform and its kernel libraries cannot load (they need
+# libcuda.so.1, the driver). So check instead that every other NEEDED library of every .so in the
+# site resolves against torch 2.11's CUDA 13 libraries (which torch preloads on the device) and the
+# site itself.
+so_check() {  # so_check SITE
+  local sp; sp=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  local lp; lp=$( { ls -d "$sp"/torch/lib "$sp"/nvidia/*/lib; find "$1" -name '*.so*' -printf '%h\n'; } | sort -u | paste -sd:)
+  local missing; missing=$(find "$1" -name '*.so*' -type f | while read -r f; do
+    LD_LIBRARY_PATH=$lp ldd "$f" 2>&1 | grep 'not found' | grep -v 'libcuda\.so\.1 ' | sed "s|^|  ${f#"$1"/}: |" || true; done)
+  if [ -n "$missing" ]; then echo "unresolved libraries:"$'\n'"$missing" >&2; exit 1; fi
+  echo "so check OK: $(find "$1" -name '*.so*' -type f | wc -l) shared objects, all NEEDED found but libcuda.so.1"
+}
 
 build_vchunks() {
   local key; key=$(key_of "${VLLM_PINS[@]}" "${TRIM[@]}" "$PARTS" "$XZ_LEVEL")
@@ -189,6 +229,7 @@ build_vchunks() {
 
   make_venv
   import_test "$vb/site"
+  so_check "$vb/site"
   find "$vb/site" -name __pycache__ -prune -exec rm -rf {} +   # the test wrote some
 
   echo "== .vchunks: tar -cJ (several minutes on 2 cores)"

@@ -25,7 +25,7 @@ mkdir -p "$work"
 
 DEBIAN_SUITE=bookworm
 BASE_PACKAGES=python3,python3-pip,python3-venv,python-is-python3,ca-certificates,passwd
-TORCH_VERSION=2.14.0       # the production trainer's and rollout's torch (Dockerfile.trainer)
+TORCH_VERSION=2.11.0       # the production trainer's and rollout's torch (Dockerfile.trainer; vLLM 0.26.0 pins it)
 
 bah() { buildah --root "$work/storage" --runroot "$work/run" --storage-driver overlay "$@"; }
 # The host's CA bundle, mounted into every build step (never stored in an image): where HTTPS

@@ -8,6 +8,13 @@ trainer Job, which the operator creates last, after the ConfigMap, Services, Net
 rollout Deployment), the operator's memory (RSS) before, right after and a while after the
 burst, its API calls (grpo_operator_api_requests_total) and its errors (reconcile errors, ERROR
 lines). Jobs are 1 trainer node and 1 rollout replica; no kubelet runs, so pods stay Pending.
+
+    python tests/operator/load.py --jobs 200 --floor
+
+The same burst without the operator: each client creates its job and then, itself, the writes
+the operator makes for it (the Secret, the children, the rollout Deployment, the trainer Job
+last, a status patch), one after the other with no reads in between. What the API server and
+etcd of this machine take for them is the floor under any operator's latency here.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--clients", type=int, default=20, help="parallel create calls")
     parser.add_argument("--settle", type=float, default=60, help="seconds to watch memory after the burst")
+    parser.add_argument("--floor", action="store_true", help="no operator: the clients make the children themselves")
     args = parser.parse_args()
     from kubernetes import client, config, watch
 
@@ -62,9 +70,11 @@ def main() -> int:
         ns = "load"
         kubectl(kubectl_bin, cp, "create", "namespace", ns)
         retry(lambda: kubectl(kubectl_bin, cp, "-n", ns, "get", "serviceaccount", "default"))
+        api = config.new_client_from_config(config_file=str(cp.kubeconfig))
+        if args.floor:
+            return floor(args, api, ns)
         op = OperatorProcess(cp.kubeconfig_for_service_account(OPERATOR_NS, SERVICE_ACCOUNT), work,
                              resync_seconds="10").start()
-        api = config.new_client_from_config(config_file=str(cp.kubeconfig))
         custom, batch = client.CustomObjectsApi(api), client.BatchV1Api(api)
 
         seen: dict[str, float] = {}
@@ -133,6 +143,49 @@ def main() -> int:
         print(json.dumps(result, indent=1))
         op.kill()
     return 0 if not missing and not errors and not error_lines else 1
+
+
+def floor(args, api, ns: str) -> int:
+    from kubernetes import client
+
+    from grpo_api.jobfile import parse_job
+    from grpo_operator import manifests
+    from grpo_operator.kube import Kube
+    from grpo_operator.pki import JobTLS
+    from grpo_operator.settings import OperatorSettings
+    settings = OperatorSettings()
+    custom, kube = client.CustomObjectsApi(api), Kube(api)
+    tls = JobTLS(ca_cert="ca", cert="cert", key="key")
+    latencies: list[float] = []
+
+    def create(name: str) -> None:
+        doc = body(name, ns, **{"storage.uri": "s3://bucket/runs", "storage.secretRef": None,
+                                "trainer.nnodes": 1, "rollout.replicas": 1})
+        started = time.monotonic()
+        obj = custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, doc)
+        job = parse_job(obj)
+        # the operator's verbs: create the Secret, apply the children and the Deployment, create
+        # the trainer Job, patch the status
+        kube.create(manifests.build_rpc_secret(job, settings, token="t", checkpoint_key="k", tls=tls))
+        for child in [*manifests.build_children(job, settings, pod_monitor=False),
+                      manifests.build_rollout_deployment(job, settings)]:
+            kube.apply(child)
+        kube.create(manifests.build_trainer_job(job, settings))
+        latencies.append(time.monotonic() - started)
+        kube.patch_status(f"{GROUP}/{VERSION}", "GRPOJob", ns, name, {"phase": "Pending"})
+
+    burst = time.monotonic()
+    with ThreadPoolExecutor(args.clients) as pool:
+        list(pool.map(create, [f"job-{i:03d}" for i in range(args.jobs)]))
+    total = time.monotonic() - burst
+    latencies.sort()
+    q = statistics.quantiles(latencies, n=100, method="inclusive")
+    writes = args.jobs * (len(manifests.build_children(parse_job({**body("x", ns), "metadata": {
+        "name": "x", "namespace": ns, "uid": "u"}}), settings, pod_monitor=False)) + 5)
+    print(json.dumps({"jobs": args.jobs, "mode": "floor (no operator)", "writes": writes, "all_children_s": round(total, 2),
+                      "writes_per_s": round(writes / total, 1), "latency_p50_s": round(q[49], 3),
+                      "latency_p99_s": round(q[98], 3), "latency_max_s": round(latencies[-1], 3)}, indent=1))
+    return 0
 
 
 if __name__ == "__main__":

@@ -325,6 +325,9 @@ def test_trainer_base_torch_fits_the_trainer_extra():
     assert match, f"the trainer's base is not a PyTorch runtime image: {base}"
     (torch,) = [Requirement(r) for r in PROJECT["optional-dependencies"]["trainer"] if Requirement(r).name == "torch"]
     assert torch.specifier.contains(Version(match["torch"])), f"{base}: torch {match['torch']} vs {torch}"
+    # the e2e tests' local stand-in for that base (scripts/build-images.sh) has the same torch
+    script = (REPO / "scripts" / "build-images.sh").read_text()
+    assert re.search(r"^TORCH_VERSION=(\S+)", script, re.M)[1] == match["torch"]
 
 
 @pytest.mark.parametrize("name", NAMES)
