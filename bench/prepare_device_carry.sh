@@ -73,7 +73,7 @@ XZ_LEVEL=-6
 # numba unpinned: pip picks one that accepts numpy 2.5 (vLLM's numba==0.65.0 wants numpy<2.4).
 # accelerate..xxhash: what trl and datasets need from the image (for the .whl import test).
 VENV_PINS=(torch==2.11.0 torchvision==0.26.0 torchaudio==2.11.0 transformers==5.17.0 numpy==2.5.2
-  tokenizers==0.23.2 safetensors==0.8.0 accelerate==1.15.0 numba regex psutil sentencepiece requests
+  tokenizers==0.23.2 safetensors==0.8.0 accelerate==1.15.0 pyarrow==25.0.1 numba regex psutil sentencepiece requests
   tqdm py-cpuinfo "protobuf<7" aiohttp prometheus-client pillow tiktoken filelock pyyaml six
   "setuptools<81" einops cloudpickle ninja msgpack anyio httpx h11 httpcore jinja2 rich click uvloop
   annotated-doc pandas xxhash "fsspec[http]<=2026.2.0")
@@ -142,13 +142,13 @@ build_whl() {
     echo "== .whl: up to date (key $key)"; return
   fi
   echo "== .whl: downloading ${#WHL_PINS[@]} wheels"
-  rm -rf .whl "$BUILD/whl"
+  rm -rf "$BUILD/whl"
   download "$BUILD/whl" "${WHL_PINS[@]}"
   check_wheels "$BUILD/whl" "${WHL_PINS[@]}"
   local size; size=$(mb "$BUILD"/whl/*.whl)
   if awk -v s="$size" -v m="$WHL_MAX_MB" 'BEGIN {exit !(s > m)}'; then echo "== .whl: ${size} MiB > ${WHL_MAX_MB}" >&2; exit 1; fi
   whl_test "$BUILD/whl"
-  mkdir -p .whl
+  rm -rf .whl && mkdir -p .whl   # replaced only once the new set passed
   cp "$BUILD"/whl/*.whl .whl/
   printf '%s\n' "${WHL_PINS[@]}" > .whl/MANIFEST.txt
   echo "$key" > .whl/KEY   # last: marks the carry complete

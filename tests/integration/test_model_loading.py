@@ -58,6 +58,18 @@ def test_only_rank_0_reads_the_checkpoint_and_the_models_compute_what_it_holds(m
     # Rank 0 reads the checkpoint in its own dtype (bfloat16: half of float32) beside its shard.
     assert ranks[0]["policy_load_bytes"] < 1.25 * full_fp32, (ranks[0]["policy_load_bytes"], full_fp32)
 
+    # Gathering the weights for the rollout servers (issue 23): rank 0 writes them into its one
+    # cache buffer, which fills once (the first gather: one copy of the weights) and is then
+    # rewritten in place; a gather holds one full tensor in flight beside it. Before, the cache
+    # and the next gather were two full copies (>= 2 x weights at the peak).
+    r0 = ranks[0]
+    first, second = r0["gather_peak_bytes"]
+    in_flight = 2 * r0["largest_tensor_bytes"] + (16 << 20)
+    assert first < r0["weights_bytes"] + in_flight, r0
+    assert second < in_flight < 0.5 * r0["weights_bytes"], r0
+    # rank 1 only sends its shards: no cache
+    assert max(ranks[1]["gather_peak_bytes"]) < in_flight, ranks[1]
+
     reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
         expected = reference(input_ids=torch.arange(1, 17).reshape(2, 8)).logits.flatten()[:64]
