@@ -570,7 +570,10 @@ def cmd_step(args) -> None:
     try:
         init_dist(dev)
         t = time.perf_counter()
-        trainer = Trainer(job, rollout_addresses=address, token=token, local=True)
+        from grpo_api.rpc import ClientAuth
+        # plaintext on loopback, as the bench's server runs (TLS cost: bench/tls_weight_sync.py)
+        trainer = Trainer(job, rollout_addresses=address, auth=ClientAuth(token), checkpoint_key=os.urandom(32),
+                          local=True)
         log(f"trainer built in {time.perf_counter() - t:.1f}s")
         replies = []
         generate = trainer.dispatcher.generate

@@ -114,11 +114,11 @@ EOF
 }
 
 # ---- 1. .whl ---------------------------------------------------------------------------------
-# As h200_run.sh installs them, then the project's modules that need them (with the site of
-# .vchunks after it when that is built, since h200_run.sh puts both on the path). Needs the
-# stand-in venv (section 2); skipped without it (WHL_TEST=0 skips it too).
+# Installed as h200_run.sh installs them, then imported with the project's modules that need
+# them, in the stand-in venv (section 2; made here if missing). WHL_TEST=0 skips the test.
 whl_test() {  # whl_test DIR
-  if [ "${WHL_TEST:-1}" = 0 ] || [ ! -x "$VENV/bin/python" ]; then echo "   (no $VENV: .whl import test skipped)"; return; fi
+  if [ "${WHL_TEST:-1}" = 0 ]; then echo "   (WHL_TEST=0: .whl import test skipped)"; return; fi
+  make_venv
   local t="$BUILD/whl-site"
   rm -rf "$t"
   nice "$VENV/bin/pip" install -q --no-index --no-deps --no-compile --no-cache-dir --target "$t" "$1"/*.whl
