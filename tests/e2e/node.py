@@ -206,7 +206,11 @@ class Node:
             self._make_network()
             self.cp = ControlPlane(
                 self.bin_dir, self.dir / "cp", host=self.ip, preexec=self._enter,
-                controllers=(*CONTROLLERS, "node-lifecycle-controller"),
+                # PersistentVolumeClaims (the model cache): binding, and the protection
+                # finalizers' removal, so a namespace with a claim can be deleted.
+                controllers=(*CONTROLLERS, "node-lifecycle-controller", "persistentvolume-binder-controller",
+                             "persistentvolume-protection-controller",
+                             "persistentvolumeclaim-protection-controller"),
                 # kubectl logs/exec: the apiserver dials the kubelet at the node's InternalIP.
                 apiserver_args=("--kubelet-preferred-address-types=InternalIP",))
             (self.dir / "cp").mkdir()
