@@ -81,8 +81,10 @@ def local_model(model: ModelSpec, storage: StorageSpec | None = None, env: Mappi
     if not wanted:
         return model
     if not root:
-        fetch_model(model, storage, default_root(env), env=env, log=log)
         root = str(default_root(env))
+        files = Storage(storage, env=env)
+        for source in wanted:       # only object storage: transformers downloads hub models itself
+            fetch(source, root, files, log=log)
     update = {}
     for field, key in (("path", "path"), ("tokenizer_path", "tokenizerPath")):
         value = getattr(model, field)
