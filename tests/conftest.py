@@ -36,6 +36,12 @@ class S3Server:
         """What a pod gets from spec.storage.secretRef."""
         return {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
 
+    def filesystem(self, **options):
+        """A pyarrow S3FileSystem on this server, as the test's own client."""
+        import pyarrow.fs as pafs
+        return pafs.S3FileSystem(access_key=self.access_key, secret_key=self.secret_key, region=self.region,
+                                 endpoint_override=self.endpoint.removeprefix("http://"), scheme="http", **options)
+
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
@@ -71,10 +77,7 @@ def s3_server(tmp_path_factory):
                 if time.monotonic() > deadline:
                     pytest.fail("versitygw did not listen within 30s")
                 time.sleep(0.1)
-        import pyarrow.fs as pafs
-        admin = pafs.S3FileSystem(access_key=server.access_key, secret_key=server.secret_key, region=server.region,
-                                  endpoint_override=f"127.0.0.1:{port}", scheme="http", allow_bucket_creation=True)
-        admin.create_dir(server.bucket)
+        server.filesystem(allow_bucket_creation=True).create_dir(server.bucket)
         yield server
     finally:
         proc.terminate()

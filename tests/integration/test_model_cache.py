@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-import pyarrow.fs as pafs
 import pytest
 import yaml
 
@@ -21,8 +20,7 @@ MODEL_PREFIX = "models/tiny-qwen3"
 
 @pytest.fixture(scope="module")
 def model_in_s3(s3_server, tiny_model) -> str:
-    fs = pafs.S3FileSystem(access_key=s3_server.access_key, secret_key=s3_server.secret_key, region=s3_server.region,
-                           endpoint_override=s3_server.endpoint.removeprefix("http://"), scheme="http")
+    fs = s3_server.filesystem()
     for f in tiny_model.rglob("*"):
         if f.is_file():
             with fs.open_output_stream(f"{s3_server.bucket}/{MODEL_PREFIX}/{f.relative_to(tiny_model)}") as out:
@@ -98,8 +96,7 @@ def test_grpo_run_trains_a_model_that_lives_in_s3(tmp_path, s3_server, model_in_
     from grpo_api.model_cache import folder_name
     assert _files(xdg / "grpo-operator" / "models" / folder_name(model_in_s3)) == _files(tiny_model)
     assert log.count(f"{model_in_s3}: copied ") == 1, log[-6000:]
-    fs = pafs.S3FileSystem(access_key=s3_server.access_key, secret_key=s3_server.secret_key, region=s3_server.region,
-                           endpoint_override=s3_server.endpoint.removeprefix("http://"), scheme="http")
+    fs = s3_server.filesystem()
     state = fs.open_input_stream(f"{s3_server.bucket}/runs/default/from-s3/checkpoints/step-2/trainer_state.json")
     assert model_in_s3 in state.read().decode()
 

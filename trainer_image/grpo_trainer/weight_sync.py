@@ -126,6 +126,20 @@ class _Stubs:
         self._channels.clear()
 
 
+def worker_health(stub_of, worker: str, when: str) -> pb.HealthReply:
+    """One Health call; a worker that doesn't answer is a WeightSyncError (`when` says when)."""
+    try:
+        return stub_of(worker).Health(pb.HealthRequest(), timeout=10)
+    except grpc.RpcError as exc:
+        raise WeightSyncError(f"worker {worker} {when}: Health failed: {exc.code().name} {exc.details()}") from None
+
+
+def check_sync_not_failed(worker: str, health: pb.HealthReply, version: int) -> None:
+    """The worker's side of the collective sync to `version` failed: it will never get there."""
+    if health.weight_sync_error and health.weight_sync_version == version:
+        raise WeightSyncError(f"worker {worker}: weight sync to version {version} failed: {health.weight_sync_error}")
+
+
 def wait_for_version(stub_of, workers: Sequence[str], version: int, timeout: float) -> None:
     """Poll Health until every worker reports `version`; a worker whose collective sync of this
     version failed, or the deadline, ends the wait with a WeightSyncError."""
@@ -134,14 +148,10 @@ def wait_for_version(stub_of, workers: Sequence[str], version: int, timeout: flo
     while pending:
         still = []
         for w in pending:
-            try:
-                h = stub_of(w).Health(pb.HealthRequest(), timeout=10)
-            except grpc.RpcError as exc:
-                raise WeightSyncError(f"worker {w}: Health failed: {exc.code().name} {exc.details()}") from None
+            h = worker_health(stub_of, w, f"while waiting for version {version}")
             if h.policy_version == version and h.ready:
                 continue
-            if h.weight_sync_error and h.weight_sync_version == version:
-                raise WeightSyncError(f"worker {w}: weight sync to version {version} failed: {h.weight_sync_error}")
+            check_sync_not_failed(w, h, version)
             still.append(w)
         pending = still
         if pending and time.monotonic() > deadline:
@@ -329,12 +339,7 @@ class CollectiveWeightSender(WeightSender):
     def _check_alive(self, workers, version: int) -> None:
         """During a broadcast: a worker that is gone, or whose side failed, never completes it."""
         for w in workers:
-            try:
-                h = self._stubs(w).Health(pb.HealthRequest(), timeout=10)
-            except grpc.RpcError as exc:
-                raise WeightSyncError(f"worker {w} went away during the weight broadcast: {exc.code().name}") from None
-            if h.weight_sync_error and h.weight_sync_version == version:
-                raise WeightSyncError(f"worker {w}: weight sync to version {version} failed: {h.weight_sync_error}")
+            check_sync_not_failed(w, worker_health(self._stubs, w, "went away during the weight broadcast"), version)
 
     def _prepare(self, workers, version, group_id, backend, buckets) -> None:
         bucket_protos = [bucket_to_proto(b) for b in buckets]
