@@ -207,7 +207,8 @@ def _pod_template(job: GRPOJob, settings: OperatorSettings, role: str, container
         _add_model_cache(job, template)
     merged = merge_pod_template(template, override, f"spec.{role}.template")
     if fetch:
-        merged["spec"]["initContainers"] = [_model_init_container(merged["spec"]["containers"][0], container_security)]
+        merged["spec"]["initContainers"] = [
+            _model_init_container(job, merged["spec"]["containers"][0], container_security)]
     return merged
 
 
@@ -222,12 +223,18 @@ def _add_model_cache(job: GRPOJob, template: dict[str, Any]) -> None:
     main["env"].append({"name": model_cache.CACHE_ENV, "value": model_cache.MOUNT_PATH})
 
 
-def _model_init_container(main: dict[str, Any], security: dict[str, Any]) -> dict[str, Any]:
-    """`grpo model fetch` in the main container's image with its environment (storage credentials,
-    HF_TOKEN from the template), writing the cache: the pod starts once its model is there."""
+def _model_init_container(job: GRPOJob, main: dict[str, Any], security: dict[str, Any]) -> dict[str, Any]:
+    """`grpo model fetch` in the main container's image, writing the cache: the pod starts once its
+    model is there. Least privilege: it gets the main container's environment (storage credentials,
+    HF_TOKEN or a proxy from the template) without the job's own Secret (token, TLS key, checkpoint
+    key) and without the tracker's Secret: a fetch needs neither."""
+    job_secret, tracker = names.secret_name(job.metadata.name), job.spec.trainer.tracker_secret_ref
+    env = [e for e in main["env"]
+           if ((e.get("valueFrom") or {}).get("secretKeyRef") or {}).get("name") != job_secret]
+    env_from = [e for e in main.get("envFrom", []) if not (tracker and (e.get("secretRef") or {}).get("name") == tracker)]
     return {"name": "model", "image": main["image"], "imagePullPolicy": main["imagePullPolicy"],
             "command": ["grpo"], "args": ["model", "fetch", "--spec", SPEC_PATH],
-            "env": copy.deepcopy(main["env"]), **({"envFrom": copy.deepcopy(main["envFrom"])} if "envFrom" in main else {}),
+            "env": copy.deepcopy(env), **({"envFrom": copy.deepcopy(env_from)} if env_from else {}),
             "terminationMessagePolicy": "FallbackToLogsOnError",
             "securityContext": security,
             "volumeMounts": [{"name": _SPEC_VOLUME, "mountPath": SPEC_DIR, "readOnly": True},

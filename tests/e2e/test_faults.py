@@ -3,6 +3,8 @@ suspend then resume, and an image that doesn't exist."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -21,6 +23,8 @@ def models(cluster, operator):
 
 
 def _wait_step(cluster, ns, name, step: int, timeout: float = 600) -> None:
+    """The status' step lags the trainer by up to a resync (10 s, a few CPU steps): the jobs
+    here run enough steps past the one waited for that the fault lands mid-run."""
     wait_for(f"{name} at step >= {step}",
              lambda: (status(cluster, ns, name).get("progress") or {}).get("step", 0) >= step,
              timeout=timeout, interval=1, diagnose=describe(cluster, ns, name))
@@ -44,7 +48,7 @@ def _samples_per_step(cluster, ns, name) -> dict[int, int]:
 
 
 def test_deleted_rollout_pod_is_replaced_and_no_sample_is_lost(cluster, models):
-    ns, name, steps = new_namespace(cluster), "rolloutkill", 8
+    ns, name, steps = new_namespace(cluster), "rolloutkill", 12
     job = quickstart_job(name, cluster, models, steps=steps, testFreq=-1, valBeforeTrain=False)
     apply(cluster, ns, job)
     _wait_step(cluster, ns, name, 2)
@@ -60,10 +64,16 @@ def test_deleted_rollout_pod_is_replaced_and_no_sample_is_lost(cluster, models):
 
 
 def test_killed_trainer_pod_is_restarted_and_resumes_from_the_checkpoint(cluster, models):
-    ns, name, steps = new_namespace(cluster), "trainerkill", 9
+    ns, name, steps = new_namespace(cluster), "trainerkill", 16
     job = quickstart_job(name, cluster, models, steps=steps, testFreq=-1, valBeforeTrain=False, saveFreq=5)
     apply(cluster, ns, job)
-    _wait_step(cluster, ns, name, 6)          # after the step-5 checkpoint
+    # Kill once the step-5 checkpoint is complete (its manifest is written last), read from
+    # storage: the status' step lags by up to a resync, and a kill after the last step would
+    # leave nothing to resume.
+    fs = cluster.s3()
+    manifest = f"{S3_BUCKET}/runs/{ns}/{name}/checkpoints/step-5/manifest.json"
+    wait_for("the step-5 checkpoint", lambda: fs.get_file_info(manifest).type == pafs.FileType.File,
+             timeout=600, interval=1, diagnose=describe(cluster, ns, name))
     (victim,) = [p["metadata"]["name"] for p in pods(cluster, ns, name, "trainer")]
     # A crash, not a deletion: every process of the pod's user dies (torchrun is PID 1).
     cluster.kubectl("exec", "-n", ns, victim, "--", "bash", "-c", "kill -KILL -1", check=False)
@@ -72,12 +82,14 @@ def test_killed_trainer_pod_is_restarted_and_resumes_from_the_checkpoint(cluster
     assert final["restarts"] >= 1, final
     (trainer,) = [p for p in pods(cluster, ns, name, "trainer") if p["metadata"]["name"] != victim]
     logs = cluster.kubectl("logs", "-n", ns, trainer["metadata"]["name"]).stdout
-    assert "Resumed from" in logs and "step-5" in logs, logs[-3000:]
+    resumed = re.search(r"Resumed from \S+/checkpoints/step-(\d+) ", logs)
+    # The replacement resumed from a checkpoint the killed pod wrote, and trained the rest.
+    assert resumed and 5 <= int(resumed.group(1)) < steps, logs[-3000:]
     assert max(r["step"] for r in metrics(cluster, ns, name) if "step" in r) == steps
 
 
 def test_suspend_then_resume(cluster, models):
-    ns, name, steps = new_namespace(cluster), "suspend", 8
+    ns, name, steps = new_namespace(cluster), "suspend", 14
     job = quickstart_job(name, cluster, models, steps=steps, testFreq=-1, valBeforeTrain=False, saveFreq=4)
     apply(cluster, ns, job)
     _wait_step(cluster, ns, name, 2)

@@ -148,9 +148,13 @@ def _pods(j):
 
 
 def test_a_model_cache_is_filled_by_an_init_container_and_read_only_in_the_pods():
+    user_secret = {"secretRef": {"name": "hf-credentials"}}
     j = job(**{"model.path": "s3://models/Qwen3-1.7B", "model.cache": {"claimName": "shared-models"},
+               "trainer.trackerSecretRef": "wandb-credentials",
                "trainer.template": {"spec": {"containers": [{"image": "registry.example/trainer:patched",
-                                                              "env": [{"name": "HF_TOKEN", "value": "x"}]}]}}})
+                                                              "env": [{"name": "HF_TOKEN", "value": "x"}],
+                                                              "envFrom": [user_secret]}]}},
+               "rollout.template": {"spec": {"containers": [{"envFrom": [user_secret]}]}}})
     for role, pod in _pods(j).items():
         (main,) = pod["containers"]
         (init,) = pod["initContainers"]
@@ -158,11 +162,21 @@ def test_a_model_cache_is_filled_by_an_init_container_and_read_only_in_the_pods(
             "name": "model-cache", "persistentVolumeClaim": {"claimName": "shared-models"}}
         assert {"name": "model-cache", "mountPath": "/model-cache", "readOnly": True} in main["volumeMounts"]
         assert {"name": "GRPO_MODEL_CACHE", "value": "/model-cache"} in main["env"]
-        # the fetch runs the main container's image (a template's too) with its environment,
-        # and is the only one that writes the cache
+        # the fetch runs the main container's image (a template's too) and is the only one that
+        # writes the cache
         assert init["name"] == "model" and init["image"] == main["image"]
         assert [init["command"], init["args"]] == [["grpo"], ["model", "fetch", "--spec", "/etc/grpo/job.yaml"]]
-        assert init["env"] == main["env"] and init.get("envFrom") == main.get("envFrom")
+        # with the storage credentials and the template's environment, and no secret a fetch
+        # doesn't need: not the job's token, TLS or checkpoint keys, not the tracker's Secret
+        env = {e["name"]: e for e in init["env"]}
+        assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "s3-credentials"
+        assert env["HF_TOKEN"]["value"] == "x" if role == "trainer" else "HF_TOKEN" not in env
+        secret_keys = {e["valueFrom"]["secretKeyRef"]["name"] for e in main["env"] if "secretKeyRef" in e.get("valueFrom", {})}
+        assert "demo-rpc" in secret_keys      # the main container has them ...
+        assert "demo-rpc" not in {e["valueFrom"]["secretKeyRef"]["name"] for e in init["env"]
+                                      if "secretKeyRef" in e.get("valueFrom", {})}     # ... the fetch not
+        assert init["envFrom"] == [user_secret]
+        assert role == "rollout" or {"secretRef": {"name": "wandb-credentials"}} in main["envFrom"]
         assert {m["mountPath"]: m.get("readOnly", False) for m in init["volumeMounts"]} == {
             "/etc/grpo": True, "/model-cache": False}
         assert init["securityContext"] == main["securityContext"]
