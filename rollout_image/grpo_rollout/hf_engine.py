@@ -5,6 +5,13 @@ one batch (each repeated n times), one forward per new token. Written out rather
 `model.generate` because the behaviour logprob of every sampled token must be exactly the one
 the sampler used (see grpo_rollout.engine), and reproducibility must not depend on
 transformers' logits-processor defaults.
+
+Decoding is memory-bound, so the loop moves as few bytes as it can: the KV cache is allocated
+once for the whole batch (transformers' StaticCache; a DynamicCache copies all of it at every
+token), and a decode step's attention reads each key/value head once for all the query heads
+that share it (`_decode_attention`; sdpa with a padding mask would first copy every key/value
+head `heads / kv_heads` times). Models with sliding-window layers keep a DynamicCache: the
+static one's sliding layers are ring buffers that the masks here don't describe.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from pathlib import Path
 import inspect
 
 import torch
+import torch.nn.functional as F
 
 from grpo_rollout.engine import Engine, EngineInfo, Sample, SamplingParams
 
@@ -57,6 +65,35 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
     return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
 
 
+ATTENTION = "grpo_decode_sdpa"
+
+
+def _decode_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """sdpa, except for one query token with grouped key/value heads: the query heads of a group
+    become that group's queries ([b, kv_heads, heads / kv_heads, d]), so the cache is read once."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    batch, heads, q_len, dim = query.shape
+    kv_heads = key.shape[1]
+    if q_len != 1 or heads == kv_heads:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                      **kwargs)
+    grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
+    out = F.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(batch, heads, 1, dim).transpose(1, 2), None
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    AttentionInterface.register(ATTENTION, _decode_attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)   # masks from 2-D ones: as sdpa's
+
+
+def _full_attention_only(config) -> bool:
+    types = getattr(config, "layer_types", None) or ["full_attention"]
+    return getattr(config, "sliding_window", None) is None and all(t == "full_attention" for t in types)
+
+
 class HFEngine(Engine):
     def __init__(self, model_path: str | Path, *, dtype: str = "float32", device: str = "cpu",
                  max_batch_sequences: int | None = None, seed: int = 0, tokenizer_path: str | Path | None = None,
@@ -71,8 +108,11 @@ class HFEngine(Engine):
             # An explicit index: the collective path pins this GPU with torch.cuda.set_device.
             self._device = torch.device("cuda", torch.cuda.current_device())
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path or model_path), trust_remote_code=trust_remote_code)
+        _register_attention()
         self.model = AutoModelForCausalLM.from_pretrained(
-            str(model_path), dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code).to(self._device).eval()
+            str(model_path), dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code,
+            attn_implementation=ATTENTION).to(self._device).eval()
+        self._static_cache = _full_attention_only(self.model.config)
         self._eos = _eos_ids(self.model, self.tokenizer)
         pad = self.tokenizer.pad_token_id
         self._pad = pad if pad is not None else min(self._eos, default=0)
@@ -111,16 +151,28 @@ class HFEngine(Engine):
         return [samples[i * params.n:(i + 1) * params.n] for i in range(len(prompt_ids))]
 
     def _generate_batch(self, rows: list[list[int]], params: SamplingParams, generator: torch.Generator) -> list[Sample]:
-        width = max(len(r) for r in rows)
-        ids = torch.tensor([[self._pad] * (width - len(r)) + r for r in rows], device=self._device)
-        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self._device)
-        # Left padding: positions count real tokens only, so a padded row sees the same
-        # positions (hence the same logits) as it would alone.
-        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
-        from transformers import DynamicCache
-        cache = {self._cache_kwarg: DynamicCache(config=self.model.config)}
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **cache)
-        b, max_tokens = len(rows), params.max_tokens
+        from transformers import DynamicCache, StaticCache
+        b, width, max_tokens = len(rows), max(len(r) for r in rows), params.max_tokens
+        dev, static = self._device, self._static_cache
+        ids = torch.tensor([[self._pad] * (width - len(r)) + r for r in rows], device=dev)
+        # Which cache slots (prompt, then response) each row attends to: its own prompt tokens
+        # (left-padded), then every response slot once written.
+        slots = width + max_tokens if static else width
+        real = torch.zeros(b, slots, dtype=torch.bool, device=dev)
+        real[:, :width] = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows], device=dev)
+        # Positions count real tokens only, so a padded row sees the same positions (hence the
+        # same logits) as it would alone.
+        positions = (real[:, :width].long().cumsum(dim=-1) - 1).clamp(min=0)
+        if static:
+            cache = {self._cache_kwarg: StaticCache(config=self.model.config, max_cache_len=slots)}
+            # 4-D masks ([b, 1, queries, slots], True = attend) are used as given.
+            causal = torch.ones(width, slots, dtype=torch.bool, device=dev).tril()
+            prefill = {"attention_mask": real[:, None, None, :] & causal, "cache_position": torch.arange(width, device=dev)}
+        else:
+            cache = {self._cache_kwarg: DynamicCache(config=self.model.config)}
+            prefill = {"attention_mask": real.long()}
+        out = self.model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1, **prefill, **cache)
+        positions = positions[:, -1:]
         eos = torch.tensor(sorted(self._eos), dtype=torch.long, device=self._device)
         token_buf = torch.empty(b, max_tokens, dtype=torch.long, device=self._device)
         logprob_buf = torch.empty(b, max_tokens, dtype=torch.float32, device=self._device)
@@ -144,12 +196,17 @@ class HFEngine(Engine):
                 hit |= torch.tensor(stop_hit, device=self._device)
             lengths = torch.where(hit, steps, lengths)
             done |= hit
-            if bool(done.all()):
+            if bool(done.all()) or steps == max_tokens:
                 break
-            mask = torch.cat([mask, mask.new_ones((b, 1))], dim=-1)
-            positions = positions[:, -1:] + 1
-            out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions,
-                             use_cache=True, **cache)
+            positions = positions + 1
+            if static:
+                real[:, width + t] = True
+                decode = {"attention_mask": real[:, None, None, :],
+                          "cache_position": torch.tensor([width + t], device=dev)}
+            else:
+                real = torch.cat([real, real.new_ones((b, 1))], dim=-1)
+                decode = {"attention_mask": real.long()}
+            out = self.model(input_ids=tokens[:, None], position_ids=positions, use_cache=True, **decode, **cache)
         token_rows = token_buf[:, :steps].tolist()
         logprob_rows = logprob_buf[:, :steps].tolist()
         return [Sample(toks[:n], lps[:n], "stop" if stopped else "length")

@@ -52,6 +52,9 @@ def _init_logs(cluster, ns: str, pod: dict) -> str | None:
     return None
 
 
+STEPS = 4
+
+
 def test_a_model_in_s3_is_fetched_once_into_the_claim_and_trains(cluster, operator):
     models = make_assets(cluster)
     source = _upload_model(cluster, models / "tiny-qwen3")
@@ -59,7 +62,8 @@ def test_a_model_in_s3_is_fetched_once_into_the_claim_and_trains(cluster, operat
     cache = cluster.node.dir / f"model-cache-{ns}"
     _cache_volume(cluster, ns, cache)
     name = "cached"
-    job = quickstart_job(name, cluster, models, steps=2)
+    # Steps enough that the rollout pod (scaled away at the end) is seen with its init log.
+    job = quickstart_job(name, cluster, models, steps=STEPS)
     job["spec"]["model"].update(path=source, cache={"claimName": "models"})
     for role in ("trainer", "rollout"):
         job["spec"][role].pop("template")          # no host folder of models: only the claim
@@ -75,7 +79,7 @@ def test_a_model_in_s3_is_fetched_once_into_the_claim_and_trains(cluster, operat
         return phase in ("Succeeded", "Failed")
     wait_for("the job to finish", done, timeout=1200, interval=2, diagnose=describe(cluster, ns, name))
     status = wait_phase(cluster, ns, name, {"Succeeded"}, timeout=60)
-    assert status["progress"]["step"] == 2
+    assert status["progress"]["step"] == STEPS
 
     # both kinds of pod ran the fetch; between them it copied the model once
     assert set(fetch_logs) == {"trainer", "rollout"}, fetch_logs

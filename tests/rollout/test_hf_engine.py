@@ -20,6 +20,19 @@ def sharp_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def sliding_model(tmp_path_factory):
+    """Sliding-window attention on every layer: the engine keeps a DynamicCache for it."""
+    from grpo_rollout.tiny import build_tiny_model
+    return build_tiny_model(tmp_path_factory.mktemp("sliding"), seed=3, initializer_range=0.5,
+                            use_sliding_window=True, sliding_window=64, max_window_layers=0)
+
+
+@pytest.fixture(scope="module", params=["static-cache", "sliding-window"])
+def model_dir(request, sharp_model, sliding_model):
+    return sharp_model if request.param == "static-cache" else sliding_model
+
+
+@pytest.fixture(scope="module")
 def engine(sharp_model):
     return HFEngine(sharp_model, seed=0)
 
@@ -40,11 +53,11 @@ def recompute_logprobs(model, prompt: list[int], response: list[int], temperatur
     return logits.log_softmax(-1).gather(-1, torch.tensor(response)[:, None])[:, 0]
 
 
-def test_n_samples_per_prompt_with_matching_logprobs(engine, sharp_model, prompts):
+def test_n_samples_per_prompt_with_matching_logprobs(model_dir, prompts):
     params = SamplingParams(n=4, max_tokens=12, temperature=0.7, top_p=0.9, seed=5)
-    groups = engine.generate(prompts, params)
+    groups = HFEngine(model_dir, seed=0).generate(prompts, params)
     assert [len(g) for g in groups] == [4, 4, 4]
-    fresh = AutoModelForCausalLM.from_pretrained(str(sharp_model), dtype=torch.float32)
+    fresh = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     for prompt, group in zip(prompts, groups):
         for s in group:
             assert 1 <= len(s.token_ids) <= 12 and len(s.logprobs) == len(s.token_ids)
@@ -73,9 +86,10 @@ def test_seeded_sampling_is_reproducible(engine, prompts):
     assert first == again and first != other
 
 
-def test_greedy_follows_the_argmax(engine, sharp_model, prompts):
+def test_greedy_follows_the_argmax(model_dir, prompts):
+    engine = HFEngine(model_dir, seed=0)
     groups = engine.generate(prompts, SamplingParams(n=2, max_tokens=8, temperature=0.0))
-    fresh = AutoModelForCausalLM.from_pretrained(str(sharp_model), dtype=torch.float32)
+    fresh = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     for prompt, (a, b) in zip(prompts, groups):
         assert a.token_ids == b.token_ids
         ids = list(prompt)
