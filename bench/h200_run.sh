@@ -77,6 +77,8 @@ for phase in $PHASES; do
     train-compile) run train-compile 200 100 train --compile --max-tokens 16384 --warmup 2 --steps 3 $extra ;;
     gen-baseline) run gen-baseline 90 40 gen --variant baseline --prompts 8 --gen-tokens 128 $extra ;;
     gen)          run gen 110 50 gen --variant current --reps 2 $extra ;;
+    # The hf engine against a previous one (BENCH_ARGS_hf_check="--previous FILE"), bench/hf_engine_check.py.
+    hf-check)     SCRIPT=bench/hf_engine_check.py run hf-check 200 60 $extra ;;
     step)         run step 260 120 step --max-tokens 24576 --warmup 1 --steps 2 $extra ;;
     step-vllm)    run step-vllm 330 150 step --engine vllm --max-tokens 24576 --warmup 2 --steps 2 $extra ;;
     step-async)   run step-async 330 150 step --engine vllm --max-staleness 1 --max-tokens 24576 --warmup 2 --steps 2 $extra ;;

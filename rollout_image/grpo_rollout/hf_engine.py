@@ -6,25 +6,28 @@ one batch (each repeated n times), one forward per new token. Written out rather
 the sampler used (see grpo_rollout.engine), and reproducibility must not depend on
 transformers' logits-processor defaults.
 
-Decoding is memory-bound, so the loop moves as few bytes as it can: the KV cache is allocated
-once for the whole batch (transformers' StaticCache; a DynamicCache copies all of it at every
-token), and a decode step's attention reads each key/value head once for all the query heads
-that share it (`_decode_attention`; sdpa with a padding mask would first copy every key/value
-head `heads / kv_heads` times). Models with sliding-window layers keep a DynamicCache: the
-static one's sliding layers are ring buffers that the masks here don't describe.
+On a GPU a decode step is ~1,000 small kernels that Python launches slower than the GPU runs
+them, so the step is captured once per batch as a CUDA graph and replayed. That needs fixed
+shapes and addresses: the KV cache is allocated once for the whole batch (`_SlotCache`; a
+DynamicCache also copies all of it at every token) and attention is masked over all its slots.
+A decode step's attention reads each key/value head once for all the query heads that share it
+(`_decode_attention`; sdpa with a padding mask would first copy every key/value head
+`heads / kv_heads` times). Models with sliding-window layers keep transformers' DynamicCache
+and run eagerly: their sliding layers need masks this engine doesn't build.
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-import inspect
-
 import torch
-import torch.nn.functional as F
 
 from grpo_rollout.engine import Engine, EngineInfo, Sample, SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
@@ -69,16 +72,24 @@ ATTENTION = "grpo_decode_sdpa"
 
 
 def _decode_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """sdpa, except for one query token with grouped key/value heads: the query heads of a group
-    become that group's queries ([b, kv_heads, heads / kv_heads, d]), so the cache is read once."""
+    """Attention over the cache slots the mask covers (the static cache's later slots are not
+    written yet). One query token: two batched matmuls that read each key/value head once for
+    all the query heads sharing it (sdpa would copy the cache per query head or run a kernel made
+    for long queries). Longer queries (the prefill): sdpa."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    if attention_mask is not None and attention_mask.shape[-1] < key.shape[2]:
+        key, value = key[:, :, :attention_mask.shape[-1]], value[:, :, :attention_mask.shape[-1]]
     batch, heads, q_len, dim = query.shape
-    kv_heads = key.shape[1]
-    if q_len != 1 or heads == kv_heads:
+    if q_len != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                       **kwargs)
-    grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
-    out = F.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask, scale=scaling)
+    kv_heads = key.shape[1]
+    grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)      # query heads by key/value head
+    scores = torch.matmul(grouped, key.transpose(-1, -2)).float() * (dim ** -0.5 if scaling is None else scaling)
+    if attention_mask is not None:
+        scores = (scores.masked_fill(~attention_mask, float("-inf")) if attention_mask.dtype == torch.bool
+                  else scores + attention_mask)
+    out = torch.matmul(scores.softmax(dim=-1).to(value.dtype), value)
     return out.reshape(batch, heads, 1, dim).transpose(1, 2), None
 
 
@@ -92,6 +103,76 @@ def _register_attention() -> None:
 def _full_attention_only(config) -> bool:
     types = getattr(config, "layer_types", None) or ["full_attention"]
     return getattr(config, "sliding_window", None) is None and all(t == "full_attention" for t in types)
+
+
+class _SlotCache:
+    """The KV cache of one batch, duck-typing transformers' Cache: keys and values in
+    [b, kv_heads, slots, head_dim] buffers allocated at the first write, every forward writing its
+    tokens at the cache slots in `self.slots` (the engine sets it; a fixed buffer under CUDA
+    graphs). transformers' StaticCache picks the slots itself, and not the same way in every 5.x
+    release (5.17 appends at a counter it keeps on the device)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.slots: torch.Tensor | None = None
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        if layer_idx not in self.keys:
+            b, heads, _, _ = key_states.shape
+            self.keys[layer_idx] = key_states.new_zeros(b, heads, self.capacity, key_states.shape[-1])
+            self.values[layer_idx] = value_states.new_zeros(b, heads, self.capacity, value_states.shape[-1])
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        keys.index_copy_(2, self.slots, key_states)
+        values.index_copy_(2, self.slots, value_states)
+        return keys, values
+
+
+class _SlotDecode:
+    """One decode step over a _SlotCache with fixed input buffers and a mask over every slot (the
+    engine's own `real` buffer, updated in place between steps). On a GPU the step is captured as
+    a CUDA graph and replayed: it is hundreds of small kernels that Python launches slower than
+    the GPU runs them."""
+
+    def __init__(self, model, cache_kwarg: str, cache: _SlotCache, real: torch.Tensor, first_slot: int,
+                 capture: bool):
+        dev, b = real.device, real.shape[0]
+        self.tokens = torch.zeros(b, 1, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(b, 1, dtype=torch.long, device=dev)
+        self.slot = torch.full((1,), first_slot, dtype=torch.long, device=dev)
+        cache.slots = self.slot
+        self.model, self.graph = model, None
+        self.kwargs = {"input_ids": self.tokens, "position_ids": self.positions, "cache_position": self.slot,
+                       "attention_mask": real[:, None, None, :], "use_cache": True, cache_kwarg: cache}
+        if capture:
+            try:
+                self._capture(dev)
+            except RuntimeError as exc:   # a forward that syncs or changes shapes: run eagerly
+                log.warning("hf engine: decoding without a CUDA graph (capturing the step failed: %s)", exc)
+
+    def _capture(self, dev: torch.device) -> None:
+        # Warm-up on a side stream, as capture wants; it writes slot `first_slot`, which the first
+        # real step overwrites.
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.model(**self.kwargs)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.logits = self.model(**self.kwargs).logits
+        self.graph = graph
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slot: int) -> torch.Tensor:
+        self.tokens.copy_(tokens[:, None])
+        self.positions.copy_(positions)
+        self.slot.fill_(slot)
+        if self.graph is None:
+            return self.model(**self.kwargs).logits
+        self.graph.replay()
+        return self.logits
 
 
 class HFEngine(Engine):
@@ -113,6 +194,7 @@ class HFEngine(Engine):
             str(model_path), dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code,
             attn_implementation=ATTENTION).to(self._device).eval()
         self._static_cache = _full_attention_only(self.model.config)
+        self._cuda_graphs = self._static_cache and self._device.type == "cuda"
         self._eos = _eos_ids(self.model, self.tokenizer)
         pad = self.tokenizer.pad_token_id
         self._pad = pad if pad is not None else min(self._eos, default=0)
@@ -151,7 +233,7 @@ class HFEngine(Engine):
         return [samples[i * params.n:(i + 1) * params.n] for i in range(len(prompt_ids))]
 
     def _generate_batch(self, rows: list[list[int]], params: SamplingParams, generator: torch.Generator) -> list[Sample]:
-        from transformers import DynamicCache, StaticCache
+        from transformers import DynamicCache
         b, width, max_tokens = len(rows), max(len(r) for r in rows), params.max_tokens
         dev, static = self._device, self._static_cache
         ids = torch.tensor([[self._pad] * (width - len(r)) + r for r in rows], device=dev)
@@ -164,15 +246,18 @@ class HFEngine(Engine):
         # same logits) as it would alone.
         positions = (real[:, :width].long().cumsum(dim=-1) - 1).clamp(min=0)
         if static:
-            cache = {self._cache_kwarg: StaticCache(config=self.model.config, max_cache_len=slots)}
-            # 4-D masks ([b, 1, queries, slots], True = attend) are used as given.
-            causal = torch.ones(width, slots, dtype=torch.bool, device=dev).tril()
-            prefill = {"attention_mask": real[:, None, None, :] & causal, "cache_position": torch.arange(width, device=dev)}
+            cache = _SlotCache(slots)
+            cache.slots = torch.arange(width, device=dev)
+            # 4-D masks ([b, 1, queries, slots written so far], True = attend) are used as given.
+            causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
+            prefill = {"attention_mask": real[:, None, None, :width] & causal, "cache_position": cache.slots}
         else:
-            cache = {self._cache_kwarg: DynamicCache(config=self.model.config)}
+            cache = DynamicCache(config=self.model.config)
             prefill = {"attention_mask": real.long()}
-        out = self.model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1, **prefill, **cache)
+        logits = self.model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1,
+                            **prefill, **{self._cache_kwarg: cache}).logits
         positions = positions[:, -1:]
+        decode = self._decoder(cache, real, width)
         eos = torch.tensor(sorted(self._eos), dtype=torch.long, device=self._device)
         token_buf = torch.empty(b, max_tokens, dtype=torch.long, device=self._device)
         logprob_buf = torch.empty(b, max_tokens, dtype=torch.float32, device=self._device)
@@ -183,7 +268,7 @@ class HFEngine(Engine):
         texts: list[list[int]] | None = [[] for _ in rows] if params.stop else None
         steps = 0
         for t in range(max_tokens):
-            tokens, logprobs = sample_next(out.logits[:, -1, :].float(), params, generator)
+            tokens, logprobs = sample_next(logits[:, -1, :].float(), params, generator)
             token_buf[:, t], logprob_buf[:, t] = tokens, logprobs
             steps = t + 1
             hit = ~done & torch.isin(tokens, eos)
@@ -201,16 +286,26 @@ class HFEngine(Engine):
             positions = positions + 1
             if static:
                 real[:, width + t] = True
-                decode = {"attention_mask": real[:, None, None, :],
-                          "cache_position": torch.tensor([width + t], device=dev)}
             else:
                 real = torch.cat([real, real.new_ones((b, 1))], dim=-1)
-                decode = {"attention_mask": real.long()}
-            out = self.model(input_ids=tokens[:, None], position_ids=positions, use_cache=True, **decode, **cache)
+            logits = decode(tokens, positions, real, width + t)
         token_rows = token_buf[:, :steps].tolist()
         logprob_rows = logprob_buf[:, :steps].tolist()
         return [Sample(toks[:n], lps[:n], "stop" if stopped else "length")
                 for toks, lps, n, stopped in zip(token_rows, logprob_rows, lengths.tolist(), done.tolist())]
+
+    def _decoder(self, cache, real: torch.Tensor, width: int):
+        """decode(tokens, positions, real, slot) -> logits: one new token per row (written to cache
+        slot `slot` of a _SlotCache), attending where `real` says."""
+        if self._static_cache:
+            step = _SlotDecode(self.model, self._cache_kwarg, cache, real, width, capture=self._cuda_graphs)
+            self._cuda_graphs = step.graph is not None    # failed once: don't try again
+            return lambda tokens, positions, real, slot: step(tokens, positions, slot)
+
+        def eager(tokens, positions, real, slot):
+            return self.model(input_ids=tokens[:, None], position_ids=positions, attention_mask=real.long(),
+                              use_cache=True, **{self._cache_kwarg: cache}).logits
+        return eager
 
     def _hit_stop(self, token_ids: list[int], stop: tuple[str, ...]) -> bool:
         return bool(stop) and any(s in self.decode(token_ids) for s in stop)
