@@ -6,8 +6,8 @@ one batch (each repeated n times), one forward per new token. Written out rather
 the sampler used (see grpo_rollout.engine), and reproducibility must not depend on
 transformers' logits-processor defaults.
 
-On a GPU a decode step is ~1,000 small kernels that Python launches slower than the GPU runs
-them, so the step is captured once per batch as a CUDA graph and replayed. That needs fixed
+On a GPU a decode step is hundreds of small kernels that Python launches slower than the GPU
+runs them, so the step is captured once per batch as a CUDA graph and replayed. That needs fixed
 shapes and addresses: the KV cache is allocated once for the whole batch (`_SlotCache`; a
 DynamicCache also copies all of it at every token) and attention is masked over all its slots.
 A decode step's attention reads each key/value head once for all the query heads that share it
@@ -257,7 +257,7 @@ class HFEngine(Engine):
         logits = self.model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1,
                             **prefill, **{self._cache_kwarg: cache}).logits
         positions = positions[:, -1:]
-        decode = self._decoder(cache, real, width)
+        decode = None     # made at the first decode step: a response of one token needs none
         eos = torch.tensor(sorted(self._eos), dtype=torch.long, device=self._device)
         token_buf = torch.empty(b, max_tokens, dtype=torch.long, device=self._device)
         logprob_buf = torch.empty(b, max_tokens, dtype=torch.float32, device=self._device)
@@ -288,6 +288,7 @@ class HFEngine(Engine):
                 real[:, width + t] = True
             else:
                 real = torch.cat([real, real.new_ones((b, 1))], dim=-1)
+            decode = decode or self._decoder(cache, real, width)
             logits = decode(tokens, positions, real, width + t)
         token_rows = token_buf[:, :steps].tolist()
         logprob_rows = logprob_buf[:, :steps].tolist()
