@@ -48,7 +48,7 @@ class Client:
         self.job = load_job(job_path, [])
         self.storage = Storage(self.job.spec.storage)
         self.dispatcher = RolloutDispatcher(
-            discover=lambda: [address], token=token, layout=RunLayout(job_root(self.job, local=True)),
+            discover=lambda: [address], auth=token, layout=RunLayout(job_root(self.job, local=True)),
             storage=self.storage, timeout=600, ensure_version=lambda worker, version: None)
         self.address, self.calls = address, 0
 

@@ -14,9 +14,10 @@ import pytest
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-# The phases that run on a CPU with the project's own dependencies (not trl or vllm).
+# The phases that run on a CPU with the project's own dependencies (not trl or vllm; vllm-check
+# drives a real `grpo rollout` server with the hf engine there).
 PHASES = {"build": "build", "train": "train", "gen": "gen", "hf-check": "hf_engine", "sync": "sync",
-          "storage": "storage", "step": "step"}
+          "storage": "storage", "step": "step", "vllm-check": "vllm_weight_update"}
 
 
 def test_bench_phases_run_at_tiny_sizes_and_record_their_results(tmp_path):
@@ -24,7 +25,8 @@ def test_bench_phases_run_at_tiny_sizes_and_record_their_results(tmp_path):
     env = {**os.environ, "TINY": "1", "OUT": str(out), "WORKDIR": str(work), "PY": sys.executable,
            "DEADLINE_S": "800", "HF_HUB_OFFLINE": "1",
            # The engine of before issue 14, a plain loop kept in bench/, as the reference engine.
-           "BENCH_ARGS_hf_check": f"--previous {REPO / 'bench' / 'hf_engine_baseline.py'}"}
+           "BENCH_ARGS_hf_check": f"--previous {REPO / 'bench' / 'hf_engine_baseline.py'}",
+           "BENCH_ARGS_vllm_check": "--engine hf"}
     done = subprocess.run(["bash", "bench/h200_run.sh", *PHASES], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=840)
     log = done.stdout + done.stderr
