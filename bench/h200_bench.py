@@ -420,6 +420,7 @@ def cmd_sync(args) -> None:
     from safetensors.torch import load_file
 
     from grpo_api.weights import plan_buckets
+    from grpo_api.rpc import RolloutClients
     from grpo_trainer.weight_sync import GrpcWeightSender, pack_bucket, tensor_specs
     job_path = str(Path(args.workdir) / "job.yaml")
     model_dir = Path(args.workdir) / "model"
@@ -458,7 +459,7 @@ def cmd_sync(args) -> None:
         t_sha = time.perf_counter() - t
         emit(args, "sync_cpu_costs", bucket_mb=len(data) / 2**20, pack_s=t_pack, tobytes_s=t_bytes, sha256_s=t_sha,
              sha256_gbps=len(data) / t_sha / 1e9)
-        sender = GrpcWeightSender(token, bucket_bytes=bucket_bytes)
+        sender = GrpcWeightSender(RolloutClients(token), bucket_bytes=bucket_bytes)
         version = 0
         for name in args.sync_variants:
             tensors = variants[name]
@@ -576,13 +577,13 @@ def cmd_step(args) -> None:
                           local=True)
         log(f"trainer built in {time.perf_counter() - t:.1f}s")
         replies = []
-        generate = trainer.dispatcher.generate
+        generate = trainer.rollouts.dispatcher.generate
 
         def generate_and_keep(*a, **k):
             results = generate(*a, **k)
             replies.append([r.reply for r in results])
             return results
-        trainer.dispatcher.generate = generate_and_keep
+        trainer.rollouts.dispatcher.generate = generate_and_keep
         rows = []
         for step in range(1, args.steps + args.warmup + 1):
             trainer.state.step = step

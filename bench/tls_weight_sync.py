@@ -62,7 +62,7 @@ def main() -> None:
 def _bench(tmp: Path, args) -> None:
     from safetensors.torch import load_file
 
-    from grpo_api.rpc import ClientAuth
+    from grpo_api.rpc import ClientAuth, RolloutClients
     from grpo_operator.pki import make_job_tls
     from grpo_rollout.tiny import build_tiny_model
     from grpo_trainer.weight_sync import GrpcWeightSender
@@ -92,7 +92,7 @@ def _bench(tmp: Path, args) -> None:
     # Both servers up at once, pushes alternating between them: on a shared machine the load
     # drifts, and alternating spreads it over both modes alike.
     servers = {mode: _server(job, {**base, **env}, tmp / f"{mode}.log") for mode, (env, _) in modes.items()}
-    senders = {mode: GrpcWeightSender(auth, bucket_bytes=args.bucket_mb << 20) for mode, (_, auth) in modes.items()}
+    senders = {mode: GrpcWeightSender(RolloutClients(auth), bucket_bytes=args.bucket_mb << 20) for mode, (_, auth) in modes.items()}
     times: dict[str, list[float]] = {mode: [] for mode in modes}
     try:
         for version in range(1, args.repeats + 1):

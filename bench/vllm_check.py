@@ -44,12 +44,16 @@ class Client:
         from grpo_api.jobfile import load_job
         from grpo_api.records import RunLayout
         from grpo_api.storage import Storage, job_root
-        from grpo_trainer.rollout_client import RolloutDispatcher
+        from grpo_trainer.rollout_client import RolloutDispatcher, RolloutServers
+
+        class NoWeights:   # this check sets each version itself
+            def ensure_version(self, worker, version):
+                pass
         self.job = load_job(job_path, [])
         self.storage = Storage(self.job.spec.storage)
         self.dispatcher = RolloutDispatcher(
-            discover=lambda: [address], auth=token, layout=RunLayout(job_root(self.job, local=True)),
-            storage=self.storage, timeout=600, ensure_version=lambda worker, version: None)
+            RolloutServers(lambda: [address], token), weights=NoWeights(),
+            layout=RunLayout(job_root(self.job, local=True)), storage=self.storage, timeout=600)
         self.address, self.calls = address, 0
 
     def generate(self, rows, *, n: int, max_tokens: int, temperature: float, version: int):
@@ -156,6 +160,7 @@ def main(argv=None) -> int:
     from transformers import AutoModelForCausalLM
 
     from grpo_trainer.model import build_policy
+    from grpo_api.rpc import RolloutClients
     from grpo_trainer.weight_sync import GrpcWeightSender, IpcWeightSender
     dev = hb.device()
     if dev.type == "cuda":
@@ -215,7 +220,7 @@ def main(argv=None) -> int:
                 out[label] = argmax_agreement(hf, samples_)
             return out
         before = agreement(greedy(0))
-        sender = GrpcWeightSender(token, bucket_bytes=512 << 20)
+        sender = GrpcWeightSender(RolloutClients(token), bucket_bytes=512 << 20)
         t = time.perf_counter()
         report = sender.send([address], list(weights_b.items()), 1)
         grpc_s = time.perf_counter() - t
@@ -227,7 +232,7 @@ def main(argv=None) -> int:
         if dev.type == "cuda":
             buffer, layout = ipc_layout(weights_a, dev)
             torch.cuda.synchronize()
-            ipc = IpcWeightSender(token)
+            ipc = IpcWeightSender(RolloutClients(token))
             times = []
             for version in (2, 3):   # the first maps the buffer, the second reuses the mapping
                 t = time.perf_counter()

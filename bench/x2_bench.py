@@ -141,6 +141,7 @@ def cmd_sync(args) -> None:
     from transformers import AutoModelForCausalLM
 
     from grpo_trainer import weight_sync
+    from grpo_api.rpc import RolloutClients
     from grpo_trainer.weight_sync import CollectiveWeightSender, WeightSyncError
     dev = hb.device()
     server_gpu = None if args.tiny else 1
@@ -174,7 +175,7 @@ def cmd_sync(args) -> None:
 
     backend = "gloo" if args.tiny else "nccl"
     bucket_bytes = (16 << 10) if args.tiny else args.bucket_mb << 20
-    sender = CollectiveWeightSender(token, bucket_bytes=bucket_bytes, device=dev, master_addr="127.0.0.1",
+    sender = CollectiveWeightSender(RolloutClients(token), bucket_bytes=bucket_bytes, device=dev, master_addr="127.0.0.1",
                                     backend=backend, timeout_seconds=60)
     proc, address = start()
     result: dict = {"gbytes": nbytes / 1e9, "bucket_mb": args.bucket_mb, "backend": backend}
@@ -261,7 +262,7 @@ def cmd_sync(args) -> None:
                 release.wait(300)
                 raise RuntimeError("hung trainer released")
             return real(self, tensor, deadline, check)
-        first = CollectiveWeightSender(token, bucket_bytes=bucket_bytes, device=dev, master_addr="127.0.0.1",
+        first = CollectiveWeightSender(RolloutClients(token), bucket_bytes=bucket_bytes, device=dev, master_addr="127.0.0.1",
                                        backend=backend, timeout_seconds=600)
         weight_sync._Group.broadcast = hang_after_one
         thread = threading.Thread(target=lambda: _swallow(first.send, [address], other.items(), 102),

@@ -18,13 +18,14 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
-from grpo_api.proto import rollout_pb2_grpc
+from grpo_api.proto import rollout_pb2, rollout_pb2_grpc
 
 MiB = 1 << 20
 CHUNK_BYTES = 64 * MiB
@@ -243,3 +244,41 @@ def rollout_stub(address: str, auth: ClientAuth | str) -> rollout_pb2_grpc.Rollo
     """A Rollout client for `host:port`. The channel closes when the stub is garbage-collected;
     use `rollout_channel` to close it explicitly."""
     return rollout_pb2_grpc.RolloutStub(rollout_channel(address, auth))
+
+
+class RolloutClients:
+    """One channel per rollout server, shared by every caller on the trainer's side (Generate,
+    Health, Info and the weight-sync calls), thread-safe. `forget` drops a server's channel after
+    a failure, so the next call connects afresh; calls still in flight on it finish (a channel
+    closes when its last stub is gone)."""
+
+    def __init__(self, auth: ClientAuth | str):
+        self._auth = auth
+        self._stubs: dict[str, rollout_pb2_grpc.RolloutStub] = {}
+        self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, address: str) -> rollout_pb2_grpc.RolloutStub:
+        with self._lock:
+            if address not in self._stubs:
+                self._channels[address] = rollout_channel(address, self._auth)
+                self._stubs[address] = rollout_pb2_grpc.RolloutStub(self._channels[address])
+            return self._stubs[address]
+
+    def health(self, address: str, timeout: float = 10) -> rollout_pb2.HealthReply:
+        return self(address).Health(rollout_pb2.HealthRequest(), timeout=timeout)
+
+    def info(self, address: str, timeout: float = 30) -> rollout_pb2.InfoReply:
+        return self(address).Info(rollout_pb2.InfoRequest(), timeout=timeout)
+
+    def forget(self, address: str) -> None:
+        with self._lock:
+            self._stubs.pop(address, None)
+            self._channels.pop(address, None)
+
+    def close(self) -> None:
+        with self._lock:
+            for channel in self._channels.values():
+                channel.close()
+            self._stubs.clear()
+            self._channels.clear()

@@ -48,6 +48,20 @@ def wait_for_work(work, deadline: float, what: str, check=None, check_every: flo
     work.wait()
 
 
+def abort_group(group) -> None:
+    """Stop a weight-sync process group at once, on either side. abort, not shutdown: a graceful
+    NCCL shutdown waits for the peers to leave too, and they keep the group until they are told
+    to form a new one. A broken group may refuse; it is dropped either way."""
+    for name in ("abort", "shutdown"):
+        stop = getattr(group, name, None)
+        if stop is not None:
+            try:
+                stop()
+            except Exception:  # noqa: BLE001 - see above
+                pass
+            return
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """One tensor of a state dict: name as in the Hugging Face checkpoint, shape, dtype name

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from grpo_api.weights import WATCHDOG_MARGIN_SECONDS, Bucket, PlacedTensor, placed_from_proto, wait_for_work
+from grpo_api.weights import (WATCHDOG_MARGIN_SECONDS, Bucket, PlacedTensor, abort_group, placed_from_proto,
+                              wait_for_work)
 from grpo_rollout import cuda_ipc
 
 if TYPE_CHECKING:
@@ -152,16 +153,7 @@ class _Group:
         wait_for_work(self._pg.broadcast([tensor], self._broadcast_options), deadline, "the weight broadcast")
 
     def close(self) -> None:
-        # abort, not shutdown: a graceful NCCL shutdown waits for the peers to leave too, and
-        # they keep the group until they are told to form a new one.
-        for name in ("abort", "shutdown"):
-            stop = getattr(self._pg, name, None)
-            if stop is not None:
-                try:
-                    stop()
-                except Exception:  # a broken group may refuse; it is dropped either way
-                    pass
-                break
+        abort_group(self._pg)
         self._pg = None
         self._store = None
 

@@ -48,8 +48,7 @@ def main() -> None:
         logits = policy(input_ids=ids).logits
         ref_logits = ref(input_ids=ids).logits
     tied = policy.lm_head.weight is policy.model.embed_tokens.weight
-    publisher = WeightPublisher(policy, WeightSyncSpec(backend="grpc"), dtype=torch.float32, device=dev, auth="t",
-                                workers=None, info=None)
+    publisher = WeightPublisher(policy, WeightSyncSpec(backend="grpc"), dtype=torch.float32, device=dev, servers=None)
     largest = max(t.numel() * 4 for _, t in rollout_tensors(policy))
     gathers = [peak_since_reset(publisher.gather) for _ in range(2)]
     Path(sys.argv[2], f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "policy_load_bytes": after_policy - before, "tied": tied,

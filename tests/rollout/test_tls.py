@@ -18,7 +18,7 @@ import pytest
 
 from grpo_api.proto import rollout_pb2 as pb
 from grpo_api.proto.rollout_pb2_grpc import RolloutStub
-from grpo_api.rpc import ClientAuth, channel_options, rollout_stub
+from grpo_api.rpc import ClientAuth, RolloutClients, channel_options, rollout_stub
 from grpo_operator import names
 from grpo_operator.pki import make_job_tls
 from grpo_trainer.weight_sync import GrpcWeightSender, WeightSyncError
@@ -67,7 +67,7 @@ def test_generate_and_the_weight_sync_work_over_tls(server, token, job_tls, toke
     weights, engine = trained_weights(tmp_path, seed=3)
     expected = greedy_reference(engine, prompts)
     assert expected != before
-    sender = GrpcWeightSender(_auth(token, job_tls), bucket_bytes=BUCKET_BYTES, chunk_bytes=CHUNK_BYTES)
+    sender = GrpcWeightSender(RolloutClients(_auth(token, job_tls)), bucket_bytes=BUCKET_BYTES, chunk_bytes=CHUNK_BYTES)
     try:
         report = sender.send([server.address], weights.items(), version + 1)
     finally:
@@ -96,7 +96,7 @@ def test_clients_without_tls_or_the_jobs_ca_or_name_are_refused(server, token, j
     # the job's CA, but expecting another job's service: the name doesn't match
     _unavailable(rollout_stub(server.address, _auth(token, job_tls, names.rollout_dns_names("other", "team-a")[0])))
     # a weight push over plaintext fails and changes nothing
-    sender = GrpcWeightSender(token, bucket_bytes=BUCKET_BYTES, chunk_bytes=CHUNK_BYTES)
+    sender = GrpcWeightSender(RolloutClients(token), bucket_bytes=BUCKET_BYTES, chunk_bytes=CHUNK_BYTES)
     weights, _ = trained_weights(tmp_path, seed=4)
     try:
         with pytest.raises(WeightSyncError):

@@ -17,6 +17,7 @@ from grpo_api.storage import Storage
 from grpo_api.weights import bucket_to_proto, plan_buckets
 from grpo_rollout.engine import SamplingParams
 from grpo_rollout.hf_engine import HFEngine
+from grpo_api.rpc import RolloutClients
 from grpo_trainer.weight_sync import (CollectiveWeightSender, GrpcWeightSender, WeightSyncError, pack_bucket,
                                       tensor_specs)
 
@@ -87,7 +88,7 @@ def test_grpc_push_updates_every_worker(servers, prompts, token, tmp_path):
     assert expected != before  # the update must be visible
 
     version = next(_versions)
-    sender = GrpcWeightSender(token, bucket_bytes=BUCKET_BYTES, chunk_bytes=CHUNK_BYTES)
+    sender = GrpcWeightSender(RolloutClients(token), bucket_bytes=BUCKET_BYTES, chunk_bytes=CHUNK_BYTES)
     try:
         report = sender.send([s.address for s in servers], weights.items(), version)
     finally:
@@ -120,7 +121,7 @@ def test_a_corrupted_bucket_is_rejected_and_sent_again(servers, prompts, token, 
     server = servers[0]
     version = next(_versions)
     rejected_before = server.metric("grpo_rollout_weight_sync_rejected_buckets_total")
-    sender = CorruptingSender(token, bucket_bytes=BUCKET_BYTES, chunk_bytes=CHUNK_BYTES, victim_bucket=1)
+    sender = CorruptingSender(RolloutClients(token), bucket_bytes=BUCKET_BYTES, chunk_bytes=CHUNK_BYTES, victim_bucket=1)
     try:
         report = sender.send([server.address], weights.items(), version)
     finally:
@@ -138,7 +139,7 @@ def test_a_half_applied_update_blocks_generation_until_complete(servers, prompts
     buckets = plan_buckets(tensor_specs(weights.items()), BUCKET_BYTES)
     assert len(buckets) >= 3
     # Only the first bucket arrives (the trainer died mid-update, say).
-    sender = GrpcWeightSender(token, bucket_bytes=BUCKET_BYTES, chunk_bytes=CHUNK_BYTES)
+    sender = GrpcWeightSender(RolloutClients(token), bucket_bytes=BUCKET_BYTES, chunk_bytes=CHUNK_BYTES)
     data = pack_bucket(buckets[0], iter(weights.items()), torch.device("cpu")).numpy().tobytes()
     import hashlib
     reply = server.stub().UpdateWeights(
@@ -160,7 +161,7 @@ def test_a_half_applied_update_blocks_generation_until_complete(servers, prompts
 
 def test_collective_gloo_push_and_group_reformation(servers, prompts, token, tmp_path):
     addresses = [s.address for s in servers]
-    sender = CollectiveWeightSender(token, bucket_bytes=BUCKET_BYTES, master_addr="127.0.0.1", timeout_seconds=60)
+    sender = CollectiveWeightSender(RolloutClients(token), bucket_bytes=BUCKET_BYTES, master_addr="127.0.0.1", timeout_seconds=60)
     try:
         weights, engine = trained_weights(tmp_path, seed=4)
         v1 = next(_versions)
@@ -198,7 +199,7 @@ def test_collective_gloo_push_and_group_reformation(servers, prompts, token, tmp
 
 def test_a_worker_that_cannot_join_fails_the_update_with_its_name(servers, token, tmp_path):
     weights, _ = trained_weights(tmp_path, seed=7)
-    sender = CollectiveWeightSender(token, bucket_bytes=BUCKET_BYTES, master_addr="127.0.0.1", timeout_seconds=20)
+    sender = CollectiveWeightSender(RolloutClients(token), bucket_bytes=BUCKET_BYTES, master_addr="127.0.0.1", timeout_seconds=20)
     try:
         with pytest.raises(WeightSyncError, match="127.0.0.1:1"):
             sender.send([servers[0].address, "127.0.0.1:1"], weights.items(), next(_versions))
@@ -250,7 +251,7 @@ def test_a_server_killed_during_the_broadcast_fails_the_update_and_is_resynced_a
     port: what its pod or `grpo run` does) joins a new group and ends up with those weights."""
     timeout = 60
     server = start_server(tmp_path, tiny_model, token, worker_id="doomed")
-    sender = CollectiveWeightSender(token, bucket_bytes=BUCKET_BYTES, master_addr="127.0.0.1", timeout_seconds=timeout)
+    sender = CollectiveWeightSender(RolloutClients(token), bucket_bytes=BUCKET_BYTES, master_addr="127.0.0.1", timeout_seconds=timeout)
     restarted = None
     try:
         weights, engine = trained_weights(tmp_path, seed=11)
@@ -281,8 +282,8 @@ def test_a_trainer_gone_in_the_middle_of_a_broadcast_leaves_the_server_ready_for
     weights, and the next trainer's update is taken at once. (A NCCL peer that hangs instead
     is aborted when the next plan arrives: bench/x2_bench.py's abort phase, on two GPUs.)"""
     server = servers[1]   # servers[0] may still be forming the group of the test that can't join
-    first = CollectiveWeightSender(token, bucket_bytes=BUCKET_BYTES, master_addr="127.0.0.1", timeout_seconds=600)
-    second = CollectiveWeightSender(token, bucket_bytes=BUCKET_BYTES, master_addr="127.0.0.1", timeout_seconds=60)
+    first = CollectiveWeightSender(RolloutClients(token), bucket_bytes=BUCKET_BYTES, master_addr="127.0.0.1", timeout_seconds=600)
+    second = CollectiveWeightSender(RolloutClients(token), bucket_bytes=BUCKET_BYTES, master_addr="127.0.0.1", timeout_seconds=60)
     try:
         weights, _ = trained_weights(tmp_path, seed=12)
         lost = next(_versions)

@@ -1,4 +1,6 @@
-"""Logprobs and the policy update over mini- and micro-batches (verl's dp_actor, in short).
+"""The actor: the policy (an FSDP2 shard on every rank), its reference model, optimizer and
+schedule, and what turns one step's samples into one update (verl's dp_actor, in short):
+advantages, this rank's micro-batches, old and reference log-probs, ppoEpochs of updates.
 
 Gradient accumulation is exact: each micro-batch's loss is its partial sum over the whole
 mini-batch's denominator (`LossNormalizer`), FSDP2 averages gradients over ranks and the
@@ -7,17 +9,23 @@ normalizer's dp_size factor cancels that.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from grpo_api.spec import GRPOJobSpec
+from grpo_api.spec import GRPOJobSpec, ModelSpec
+from grpo_trainer import batch as batching
 from grpo_trainer.algorithms import (LossNormalizer, entropy_from_logits, kl_penalty,
                                      logprobs_from_logits, policy_loss)
-from grpo_trainer.batch import MicroBatch
+from grpo_trainer.batch import MicroBatch, Sample
+from grpo_trainer.model import build_optimizer, build_policy, build_reference, num_parameters
+
+log = logging.getLogger("grpo.trainer")
 
 
 def forward_logprobs(model, mb: MicroBatch, temperature: float, *, with_entropy: bool = False,
@@ -51,6 +59,82 @@ def compute_logprobs(model, micro_batches: list[MicroBatch], temperature: float)
 class UpdateResult:
     metrics: dict[str, float]
     tokens: int
+    timings: dict[str, float] = field(default_factory=dict)
+    flops: float = 0.0            # of the forward and backward passes (for perf/mfu)
+    train_seconds: float = 0.0    # their time
+
+
+class Actor:
+    def __init__(self, model_spec: ModelSpec, spec: GRPOJobSpec, *, device: torch.device, total_steps: int,
+                 pad_token_id: int):
+        self.spec, self.device, self.pad_token_id = spec, device, pad_token_id
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        compile = spec.trainer.use_torch_compile
+        self.model = build_policy(model_spec, device, compile=compile)
+        self.ref = (build_reference(model_spec, device, cpu_offload=spec.trainer.ref_cpu_offload, compile=compile)
+                    if spec.algorithm.use_kl_loss else None)
+        self.optimizer, self.scheduler = build_optimizer(self.model, spec.trainer, total_steps)
+        self.n_params = num_parameters(self.model)
+
+    def train_on(self, samples: list[Sample], *, off_policy: bool) -> UpdateResult:
+        """Collective: advantages over the whole batch, then this rank's share of every
+        mini-batch, its log-probs and ppoEpochs of updates. `off_policy`: the samples may come
+        from an older policy, so the ratio is taken against the engine's log-probs."""
+        algo = self.spec.algorithm
+        if self.rank == 0:
+            log.info("Computing group-relative advantages...")
+        advantages = batching.advantages_per_sample(samples, algo.adv_estimator.value,
+                                                    norm_adv_by_std=algo.norm_adv_by_std, gamma=algo.gamma)
+        minibatches = self._micro_batches(samples, advantages)
+        timings: dict[str, float] = {}
+        old_logp, ref_logp = self._logprobs(minibatches, off_policy, timings)
+        if self.rank == 0:
+            log.info("Updating actor model...")
+        start = time.perf_counter()
+        result = update_policy(self.model, self.optimizer, self.scheduler, self.spec, minibatches, old_logp,
+                               ref_logp, self.world, self.device)
+        timings["timing_s/update_actor"] = time.perf_counter() - start
+        adv = torch.cat(advantages)
+        result.metrics["critic/advantages/mean"] = float(adv.mean())
+        result.metrics["critic/advantages/std"] = float(adv.std()) if len(adv) > 1 else 0.0
+        # forward + backward (3 passes' worth) per epoch, and one per log-prob pass done
+        passes = 3 * self.spec.trainer.ppo_epochs + (self.ref is not None) + (timings["timing_s/old_log_prob"] > 0)
+        result.flops = 2 * self.n_params * sum(s.length for s in samples) * passes
+        result.train_seconds = sum(timings.values())
+        result.timings = timings
+        return result
+
+    def _micro_batches(self, samples: list[Sample], advantages) -> list[list[MicroBatch]]:
+        trainer, n = self.spec.trainer, self.spec.rollout.n
+        per_mini = trainer.mini_batch_size * n
+        out = []
+        for start in range(0, len(samples), per_mini):
+            share = batching.rank_share(list(range(start, start + per_mini)), self.rank, self.world)
+            groups = batching.micro_batches(share, samples, max_count=trainer.micro_batch_size_per_gpu,
+                                            max_tokens=trainer.max_tokens_per_gpu)
+            out.append([batching.collate(g, samples, advantages, self.pad_token_id, self.device) for g in groups])
+        return out
+
+    def _logprobs(self, minibatches, off_policy: bool, timings: dict[str, float]) -> tuple[dict, dict | None]:
+        """Old logprobs (the PPO ratio's denominator) and reference logprobs (the KL loss), by
+        id(micro-batch). Old ones are computed only when an update is off-policy; missing ones
+        mean the current logprobs, detached (ratio 1)."""
+        temperature = self.spec.rollout.temperature
+        flat = [mb for mbs in minibatches for mb in mbs]
+        old_logp, timings["timing_s/old_log_prob"] = {}, 0.0    # 0: no forward pass (perf/mfu counts them)
+        if off_policy:
+            # The policy that generated the samples, as the engine scored each token.
+            old_logp = {id(mb): mb.behaviour_logprobs for mb in flat}
+        elif self.spec.trainer.ppo_epochs > 1 or len(minibatches) > 1:   # later updates are off-policy
+            start = time.perf_counter()
+            self.model.eval()
+            old_logp = dict(zip(map(id, flat), compute_logprobs(self.model, flat, temperature)))
+            timings["timing_s/old_log_prob"] = time.perf_counter() - start
+        start = time.perf_counter()
+        ref_logp = (dict(zip(map(id, flat), compute_logprobs(self.ref, flat, temperature)))
+                    if self.ref is not None else None)
+        timings["timing_s/ref"] = time.perf_counter() - start
+        return old_logp, ref_logp
 
 
 def update_policy(model, optimizer, scheduler, spec: GRPOJobSpec, minibatches: list[list[MicroBatch]],

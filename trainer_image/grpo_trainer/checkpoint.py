@@ -10,6 +10,11 @@ rank writes its DCP files into a local folder, hashes and uploads them; rank 0 s
 Loading, each rank checks the signature, copies every listed file into a private local folder
 (mode 0700) checking its hash on the way, and only then lets DCP read that copy: a file changed
 in storage after the check is never read.
+
+`Checkpointer` decides when: every trainer.saveFreq steps, at the last step, and before a stop
+(SIGTERM); it keeps trainer.keepCheckpoints and resumes what spec.resume names. What the
+trainer's components need back (step, version, sampler, a batch generated ahead, tracker
+runs, ...) comes in as one JSON-able dict, `trainer_state.json`.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import os
 import re
 import shutil
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -31,6 +38,7 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_o
 from grpo_api import signing
 from grpo_api.records import RunLayout
 from grpo_api.signing import ManifestError
+from grpo_api.spec import GRPOJobSpec
 from grpo_api.storage import Storage
 from grpo_trainer.collectives import all_gather_json
 
@@ -179,3 +187,52 @@ def load_full_state_dict(uri: str, storage: Storage, key: bytes) -> tuple[dict[s
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return full, extras
+
+
+class Checkpointer:
+    def __init__(self, spec: GRPOJobSpec, *, model, optimizer, scheduler, layout: RunLayout, storage: Storage,
+                 key: bytes, device: torch.device):
+        self.spec, self.layout, self.storage, self.key, self.device = spec, layout, storage, key, device
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.last: str | None = None   # the latest complete checkpoint, saved or resumed from
+
+    def resume(self) -> dict | None:
+        """Collective: load the checkpoint spec.resume names into the model and optimizer, and
+        return its trainer state (with `own`: whether it is this job's own), or None to start fresh."""
+        uri = resolve_resume(self.spec.resume, self.layout, self.storage)
+        if uri is None:
+            return None
+        state = load(uri, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                     storage=self.storage, key=self.key, device=self.device)
+        self.last = uri
+        log.info("Resumed from %s (step %d, policy version %d)", uri, state["step"], state["policy_version"])
+        return {**state, "own": uri.startswith(self.layout.checkpoints + "/")}
+
+    def should_save(self, step: int, *, last: bool) -> bool:
+        freq = self.spec.trainer.save_freq
+        return last or (freq > 0 and step % freq == 0)
+
+    def maybe_save(self, step: int, trainer_state: Callable[[], dict], *, last: bool) -> dict[str, float]:
+        """Collective, after step `step`: save when due; {"timing_s/checkpoint": seconds} or {}."""
+        if not self.should_save(step, last=last):
+            return {}
+        return {"timing_s/checkpoint": self.save(step, trainer_state())}
+
+    def save(self, step: int, trainer_state: dict) -> float:
+        """Collective: checkpoint step `step` now (rank 0's `trainer_state` is the one kept)."""
+        start = time.perf_counter()
+        uri = self.layout.checkpoint(step)
+        save(uri, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+             trainer_state={"step": step, **trainer_state}, storage=self.storage,
+             keep=self.spec.trainer.keep_checkpoints, layout=self.layout, key=self.key, device=self.device)
+        self.last = uri
+        if dist.get_rank() == 0:
+            log.info("Saved checkpoint to %s", uri)
+        return time.perf_counter() - start
+
+    def export(self, step: int, weights: dict[str, torch.Tensor], model_spec) -> None:
+        """Rank 0, at the end: the final policy as a Hugging Face model under hf/step-N/."""
+        from grpo_trainer.export import save_hf
+        uri = self.layout.hf_export(step)
+        save_hf(weights, model_spec, uri, self.storage)
+        log.info("Exported the final policy to %s", uri)

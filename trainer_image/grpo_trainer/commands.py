@@ -37,7 +37,8 @@ def trainer(argv: list[str]) -> int:
     backend = "nccl" if job.spec.trainer.device != "cpu" and _cuda() else "gloo"
     dist.init_process_group(backend)
     try:
-        from grpo_trainer.trainer import SetupError, Trainer
+        from grpo_trainer.collectives import SetupError
+        from grpo_trainer.trainer import Trainer
         try:
             t = Trainer(job, rollout_addresses=args.rollout, auth=auth, checkpoint_key=key, local=args.run_locally,
                         metrics_port=args.metrics_port)

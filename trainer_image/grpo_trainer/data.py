@@ -9,6 +9,7 @@ unchanged.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,6 +17,8 @@ import pyarrow as pa
 
 from grpo_api.spec import DataSpec
 from grpo_api.storage import Storage
+
+log = logging.getLogger("grpo.trainer")
 
 REQUIRED_COLUMNS = ("data_source", "reward_model")
 
@@ -133,6 +136,22 @@ class EpochSampler:
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.position, self._order = int(state["epoch"]), int(state["position"]), None
+
+
+@dataclass
+class Datasets:
+    train: PromptDataset
+    val: PromptDataset | None
+    sampler: EpochSampler
+
+
+def load_datasets(spec: DataSpec, tokenizer, storage: Storage) -> Datasets:
+    """data.trainFiles (and valFiles), and the epoch sampler over the training prompts."""
+    train = load_prompts(spec.train_files, spec, tokenizer, storage)
+    val = load_prompts(spec.val_files, spec, tokenizer, storage) if spec.val_files else None
+    if train.filtered:
+        log.info("Filtered %d overlong prompts (data.filterOverlongPrompts)", train.filtered)
+    return Datasets(train, val, EpochSampler(len(train.rows), spec.train_batch_size, spec.seed, spec.shuffle))
 
 
 def prompt_shard_table(rows: list[PromptRow], epoch: int, first_index: int = 0) -> pa.Table:

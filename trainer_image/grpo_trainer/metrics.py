@@ -6,13 +6,23 @@ from __future__ import annotations
 import json
 import logging
 import os
+import statistics
 import tempfile
 import time
+from typing import TYPE_CHECKING
 
 from grpo_api.records import RunLayout
 from grpo_api.spec import GRPOJob
 from grpo_api.storage import Storage
-from grpo_trainer.trackers import start_trackers
+from grpo_trainer.collectives import from_rank0
+from grpo_trainer.trackers import TrackerError, start_trackers
+
+if TYPE_CHECKING:
+    import torch
+
+    from grpo_trainer.actor import UpdateResult
+    from grpo_trainer.batch import Sample
+    from grpo_trainer.rollouts import RolloutBatch
 
 log = logging.getLogger("grpo.trainer")
 
@@ -28,6 +38,10 @@ PROMETHEUS_KEYS = (
     "timing_s/weight_sync", "timing_s/checkpoint", "timing_s/step",
     "rollout/staleness", "timing_s/generate_overlapped",
 )
+
+
+# Dense bf16 peak FLOP/s for the MFU estimate; GRPO_PEAK_FLOPS overrides.
+_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}
 
 
 def prometheus_name(key: str) -> str:
@@ -100,6 +114,56 @@ class MetricsLogger:
             self._tb.close()
         for tracker in self._trackers:
             tracker.close(finished)
+
+
+def open_metrics(job: GRPOJob, layout: RunLayout, storage: Storage, *, device: torch.device, resumed_step: int,
+                 metrics_port: int | None = None, tracker_runs: dict[str, str] | None = None) -> MetricsLogger | None:
+    """Collective: rank 0's logger (None on the others), continuing a resumed run's metrics.jsonl
+    and tracker runs. A tracker that can't start its run stops every rank (SetupError)."""
+    logger = None
+
+    def start() -> None:
+        nonlocal logger
+        logger = MetricsLogger(job, layout, storage, metrics_port=metrics_port, tracker_runs=tracker_runs)
+        logger.resume_from(resumed_step)
+
+    from_rank0(start, device, setup_errors=(TrackerError,))
+    return logger
+
+
+def step_metrics(step: int, version: int, samples: list[Sample], batch: RolloutBatch, update: UpdateResult,
+                 timings: dict[str, float], *, world: int, device: torch.device) -> dict[str, float]:
+    """One step's metrics under verl's names: the rollouts', the update's and the timings."""
+    rewards = [s.reward for s in samples]
+    lengths = [len(s.response_ids) for s in samples]
+    tokens = sum(s.length for s in samples)
+    m = {
+        "training/step": step, "training/epoch": batch.epoch, "training/policy_version": version,
+        "critic/score/mean": statistics.fmean(rewards), "critic/rewards/mean": statistics.fmean(rewards),
+        "critic/score/max": max(rewards), "critic/score/min": min(rewards),
+        "response_length/mean": statistics.fmean(lengths), "response_length/max": max(lengths),
+        "response_length/clip_ratio": sum(s.finish_reason == "length" for s in samples) / len(samples),
+        "prompt_length/mean": statistics.fmean(len(s.prompt_ids) for s in samples),
+        "perf/total_num_tokens": tokens,
+        "perf/throughput": tokens / timings["timing_s/step"] / world,
+        "rollout/staleness": batch.staleness,
+    }
+    if batch.filtered_groups is not None:
+        m["rollout/filtered_groups"] = batch.filtered_groups
+    if peak := peak_flops(device):
+        m["perf/mfu"] = update.flops / update.train_seconds / (peak * world)
+    return {**m, **update.metrics, **timings}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The accelerator's dense bf16 peak FLOP/s (GRPO_PEAK_FLOPS overrides), None when unknown."""
+    if "GRPO_PEAK_FLOPS" in os.environ:
+        return float(os.environ["GRPO_PEAK_FLOPS"])
+    if device.type != "cuda":
+        return None
+    import torch
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in _PEAK_FLOPS.items() if k in name), None)
 
 
 class ProgressBar:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 
 import torch
 import torch.distributed as dist
@@ -33,6 +34,15 @@ def load_hf_model(spec: ModelSpec, *, dtype: torch.dtype | str = torch.float32):
             spec.path, dtype=dtype, trust_remote_code=spec.trust_remote_code, attn_implementation="sdpa")
     except OSError as exc:
         raise FileNotFoundError(f"spec.model.path: can't load a model from {spec.path!r}: {exc}") from None
+
+
+def training_device(want: str) -> torch.device:
+    """trainer.device: this rank's GPU (LOCAL_RANK, made current) under cuda or auto with a GPU; else the CPU."""
+    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
 
 
 def load_tokenizer(spec: ModelSpec):

@@ -9,35 +9,40 @@
   out of the buffer; no bytes move through the host), else the backend `spec.weightSync`
   names (the collective, or gRPC).
 
-Only torch, grpc and grpo_api (through weight_sync) are imported here.
+It also keeps every server at the current version: `ensure_version` (before a server
+generates: the dispatcher calls it) re-syncs one that missed updates from the cache, and
+`catch_up` (at the start) publishes when a server holds other weights than the policy.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import grpc
 import torch
 import torch.distributed as dist
 
-from grpo_api.proto import rollout_pb2 as pb
-from grpo_api.rpc import ClientAuth
+from grpo_api.rpc import RolloutClients
 from grpo_api.spec import WeightSyncSpec
 from grpo_api.weights import Bucket, TensorSpec, plan_buckets
+from grpo_trainer.collectives import broadcast_json
 from grpo_trainer.weight_sync import (CollectiveWeightSender, GrpcWeightSender, IpcWeightSender, WeightSender,
                                       WeightSyncError, cuda_device_uuid)
+
+if TYPE_CHECKING:
+    from grpo_trainer.rollout_client import RolloutServers
 
 log = logging.getLogger("grpo.trainer.publisher")
 
 
-def make_weight_sender(sync: WeightSyncSpec, *, auth: ClientAuth, device: torch.device) -> WeightSender:
+def make_weight_sender(sync: WeightSyncSpec, *, clients: RolloutClients, device: torch.device) -> WeightSender:
     bucket = sync.bucket_size_mb << 20
     if sync.backend == "grpc":
-        return GrpcWeightSender(auth, bucket_bytes=bucket, timeout_seconds=sync.timeout_seconds)
+        return GrpcWeightSender(clients, bucket_bytes=bucket, timeout_seconds=sync.timeout_seconds)
     # "nccl" means the collective path: NCCL between GPUs, gloo when either side is on CPU.
-    return CollectiveWeightSender(auth, bucket_bytes=bucket, device=device, timeout_seconds=sync.timeout_seconds)
+    return CollectiveWeightSender(clients, bucket_bytes=bucket, device=device, timeout_seconds=sync.timeout_seconds)
 
 
 def rollout_tensors(model) -> list[tuple[str, torch.Tensor]]:
@@ -52,25 +57,27 @@ def rollout_tensors(model) -> list[tuple[str, torch.Tensor]]:
 
 
 class WeightPublisher:
-    def __init__(self, model, sync: WeightSyncSpec, *, dtype: torch.dtype, device: torch.device, auth: ClientAuth,
-                 workers: Callable[[], list[str]] | None, info: Callable[[str], pb.InfoReply] | None):
-        """workers/info: rank 0's view of the rollout servers (None on the other ranks)."""
-        self.model, self.device = model, device
+    def __init__(self, model, sync: WeightSyncSpec, *, dtype: torch.dtype, device: torch.device,
+                 servers: RolloutServers | None):
+        """servers: rank 0's view of the rollout servers (None on the other ranks, and where
+        nothing is sent: the weights are only gathered)."""
+        self.model, self.device, self.servers = model, device, servers
         self.rank = dist.get_rank()
         dtype_name = str(dtype).removeprefix("torch.")
         specs = [TensorSpec(name, tuple(t.shape), dtype_name) for name, t in rollout_tensors(model)]
         self.layout: Bucket = plan_buckets(specs, bucket_size=1 << 62)[0]   # one bucket: the whole buffer
         self.buffer: torch.Tensor | None = None
         self.weights: dict[str, torch.Tensor] = {}
-        self._workers, self._info = workers, info
         self._colocated: dict[str, bool] = {}
         if self.rank == 0:
             self.buffer = torch.empty(self.layout.nbytes, dtype=torch.uint8, device=device)
             for placed in self.layout.tensors:
                 view = self.buffer[placed.offset:placed.offset + placed.nbytes]
                 self.weights[placed.spec.name] = view.view(dtype).reshape(placed.spec.shape)
-            self.sender = make_weight_sender(sync, auth=auth, device=device)
-            self.ipc = IpcWeightSender(auth, timeout_seconds=sync.timeout_seconds) if device.type == "cuda" else None
+        if servers is not None:
+            self.sender = make_weight_sender(sync, clients=servers.clients, device=device)
+            self.ipc = (IpcWeightSender(servers.clients, timeout_seconds=sync.timeout_seconds)
+                        if device.type == "cuda" else None)
         self.gathered = False
 
     def gather(self) -> None:
@@ -91,18 +98,18 @@ class WeightPublisher:
         mine = cuda_device_uuid(self.device)
         for w in workers:
             if w not in self._colocated:
-                self._colocated[w] = self._info(w).device_uuid == mine
+                self._colocated[w] = self.servers.clients.info(w).device_uuid == mine
         return all(self._colocated[w] for w in workers)
 
     def publish(self, version: int) -> dict[str, float]:
         """Collective. Gather, then (rank 0) send `version` to every server. A server that fails
-        is logged, not fatal: it is re-synced before its next rollout (`resync`)."""
+        is logged, not fatal: it is re-synced before its next rollout (`ensure_version`)."""
         t0 = time.perf_counter()
         self.gather()
         times = {"timing_s/weight_gather": time.perf_counter() - t0}
         if self.rank == 0:
             t1 = time.perf_counter()
-            workers = self._workers()
+            workers = self.servers.addresses()
             try:
                 if self._all_colocated(workers):
                     self.ipc.send(workers, self.buffer, self.layout, version)
@@ -113,10 +120,32 @@ class WeightPublisher:
                 log.warning("weight update to version %d did not reach every rollout worker (%s); "
                             "they are re-synced before their next rollout", version, exc)
             times["timing_s/weight_send"] = time.perf_counter() - t1
+        times["timing_s/weight_sync"] = time.perf_counter() - t0
         return times
 
-    def resync(self, worker: str, version: int) -> None:
-        """Rank 0: bring one server that missed updates to `version` from the cache."""
+    def catch_up(self, version: int, *, force: bool) -> None:
+        """Collective, at the start: publish `version` when `force` (a resumed run: the servers
+        hold the initial weights) or when a reachable server holds other weights (a trainer
+        restarted before its first checkpoint, after servers took a later policy). One that is
+        down is brought up to date before its first rollout (`ensure_version`)."""
+        elsewhere = False
+        if self.rank == 0 and not force:
+            for worker in self.servers.addresses():
+                try:
+                    reply = self.servers.clients.health(worker)
+                except grpc.RpcError:
+                    continue
+                elsewhere |= not reply.ready or reply.policy_version != version
+        if broadcast_json(force or elsewhere, self.device):
+            self.publish(version)
+
+    def ensure_version(self, worker: str, version: int) -> None:
+        """Rank 0: bring one server that missed updates (restarted, or a new replica) to
+        `version` from the cache."""
+        reply = self.servers.clients.health(worker)
+        if reply.ready and reply.policy_version == version:
+            return
+        log.info("Re-syncing rollout worker %s from version %d to %d", worker, reply.policy_version, version)
         if not self.gathered:
             raise RuntimeError(f"worker {worker} needs weights, none gathered yet")
         self._colocated.pop(worker, None)
@@ -125,12 +154,9 @@ class WeightPublisher:
         else:
             self.sender.resync(worker, self.weights.items(), version)
 
-    def cpu_state_dict(self) -> dict[str, torch.Tensor]:
-        """Rank 0: the cached weights as separate host tensors (for the Hugging Face export)."""
-        return {name: t.to("cpu", copy=True) for name, t in self.weights.items()}
-
-    def close(self) -> None:
-        if self.rank == 0:
-            self.sender.close()
-            if self.ipc is not None:
-                self.ipc.close()
+    def final_weights(self) -> dict[str, torch.Tensor] | None:
+        """Collective: the policy as separate host tensors on rank 0 (for the Hugging Face
+        export), None elsewhere. Gathers first when no step ran here (resumed at the last step)."""
+        if not self.gathered:
+            self.gather()
+        return {name: t.to("cpu", copy=True) for name, t in self.weights.items()} if self.rank == 0 else None

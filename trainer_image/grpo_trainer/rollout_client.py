@@ -9,6 +9,10 @@ Two retry budgets: a shard that fails on workers that answered (an error, a time
 conflict) gets `max_attempts`; a shard that finds no worker listening (UNAVAILABLE: the only
 replica is being restarted, a pod is rescheduled and loads its model) keeps waiting for one
 up to the request timeout, since that takes as long as a server's start-up, not a few retries.
+
+Before a server generates, the weight publisher brings it to the requested version
+(`ensure_version`): the dispatcher is handed the publisher, and both call the servers through
+one client per server (`RolloutServers.clients`).
 """
 
 from __future__ import annotations
@@ -18,13 +22,17 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 
 from grpo_api.proto import rollout_pb2 as pb
 from grpo_api.records import RunLayout
-from grpo_api.rpc import ClientAuth, rollout_stub
+from grpo_api.rpc import ClientAuth, RolloutClients
 from grpo_api.storage import Storage
+
+if TYPE_CHECKING:
+    from grpo_trainer.publisher import WeightPublisher
 
 log = logging.getLogger("grpo.trainer")
 
@@ -36,20 +44,15 @@ class ShardResult:
     reply: pb.GenerateReply
 
 
-class RolloutDispatcher:
-    def __init__(self, *, discover: Callable[[], list[str]], auth: ClientAuth | str, layout: RunLayout,
-                 storage: Storage, timeout: float, ensure_version: Callable[[str, int], None], max_attempts: int = 6):
-        self.discover, self.auth, self.layout, self.storage = discover, auth, layout, storage
-        self.timeout, self.ensure_version, self.max_attempts = timeout, ensure_version, max_attempts
-        self._stubs: dict[str, object] = {}
-        self.redispatched = 0
+class RolloutServers:
+    """Trainer rank 0's view of the rollout servers: who they are now (`discover` is called every
+    time: a headless Service follows scaling) and one client each."""
 
-    def stub(self, address: str):
-        if address not in self._stubs:
-            self._stubs[address] = rollout_stub(address, self.auth)
-        return self._stubs[address]
+    def __init__(self, discover: Callable[[], list[str]], auth: ClientAuth | str):
+        self.discover = discover
+        self.clients = RolloutClients(auth)
 
-    def workers(self, wait_seconds: float = 120.0) -> list[str]:
+    def addresses(self, wait_seconds: float = 120.0) -> list[str]:
         """Addresses of the rollout servers now; waits (bounded) while there are none."""
         deadline = time.monotonic() + wait_seconds
         while True:
@@ -59,6 +62,14 @@ class RolloutDispatcher:
                     raise RuntimeError("no rollout server is reachable (check rollout.replicas and their logs)")
                 return found
             time.sleep(1.0)
+
+
+class RolloutDispatcher:
+    def __init__(self, servers: RolloutServers, *, weights: WeightPublisher, layout: RunLayout, storage: Storage,
+                 timeout: float, max_attempts: int = 6):
+        self.servers, self.weights, self.layout, self.storage = servers, weights, layout, storage
+        self.timeout, self.max_attempts = timeout, max_attempts
+        self.redispatched = 0
 
     def generate(self, step: int, tag: str, shards: dict[str, bytes], sampling: pb.SamplingParams,
                  version: int) -> list[ShardResult]:
@@ -72,7 +83,7 @@ class RolloutDispatcher:
         unreachable_since: dict[str, float] = {}
         done: dict[str, ShardResult] = {}
         while pending:
-            workers = self.workers()
+            workers = self.servers.addresses()
             failed: list[str] = []
             with ThreadPoolExecutor(max_workers=len(workers)) as pool:
                 futures = {}
@@ -100,7 +111,7 @@ class RolloutDispatcher:
                                 raise RuntimeError(f"rollout shard {name} failed {failures[name]} times; "
                                                    f"last error on {worker}: {detail}") from exc
                         failed.append(name)
-                        self._stubs.pop(worker, None)
+                        self.servers.clients.forget(worker)
             if failed:
                 self.redispatched += len(failed)
                 time.sleep(min(5.0, 0.5 * max(attempts[n] for n in failed)))
@@ -109,19 +120,13 @@ class RolloutDispatcher:
 
     def _generate_one(self, worker: str, step: int, tag: str, shard: str, attempt: int,
                       sampling: pb.SamplingParams, version: int) -> pb.GenerateReply:
-        self.ensure_version(worker, version)
+        self.weights.ensure_version(worker, version)
         request = pb.GenerateRequest(
             request_id=f"{tag}-{step}-{shard}-{attempt}",
             prompt_uri=self.layout.prompt_shard(step, shard),
             output_uri=self.layout.rollout_shard(step, f"{shard}-attempt-{attempt}"),
             sampling=sampling, expected_policy_version=version, step=step, shard=shard)
-        return self.stub(worker).Generate(request, timeout=self.timeout)
-
-    def health(self, worker: str) -> pb.HealthReply:
-        return self.stub(worker).Health(pb.HealthRequest(), timeout=10)
-
-    def info(self, worker: str) -> pb.InfoReply:
-        return self.stub(worker).Info(pb.InfoRequest(), timeout=30)
+        return self.servers.clients(worker).Generate(request, timeout=self.timeout)
 
 
 def static_or_dns_discovery(addresses: str) -> Callable[[], list[str]]:

@@ -2,17 +2,16 @@
 rollout server, and verify each one reports v (docs/ARCHITECTURE.md §6). The receiving side is
 grpo_rollout.weights; both cut the state dict with grpo_api.weights.plan_buckets.
 
-Tensors come as an iterable of (Hugging Face name, full tensor), consumed once, in order: the
-trainer may gather FSDP2 shards lazily. Memory stays bounded by one bucket (plus one bucket per
-worker in flight on the grpc path). The plan needs every name, shape and dtype up front: pass
-`specs` (e.g. from the sharded state dict's global shapes) to keep the iterable lazy; without
-it the iterable is materialized to read them.
+Tensors come as (Hugging Face name, full tensor) pairs; a sender packs them bucket by bucket, so
+what it allocates is one bucket (plus one per worker in flight on the grpc path). The trainer's
+publisher holds the full weights anyway (its gathered cache), so the pairs are views into it.
+Every sender calls the servers through the trainer's one client per server (RolloutClients).
 
 - `GrpcWeightSender`: each bucket is streamed to every worker concurrently (one thread per
   worker) as UpdateWeights chunks with its sha256; a bucket a worker rejects is sent again.
 - `CollectiveWeightSender`: the plan goes out by PrepareWeightSync, then rank 0 joins a process
   group with the workers (TCPStore here, gloo on CPU, nccl on GPU) and broadcasts bucket by
-  bucket. A change of workers, or any failure, re-forms the group under a new id next time.
+  bucket. A change of workers, or any failure, re-forms (aborts) the group under a new id next time.
   `resync` of a single late worker uses the grpc path (no group re-formation for one worker).
 - `IpcWeightSender`: servers on the trainer's own GPU. One PrepareWeightSync (backend
   "cuda_ipc") names a CUDA buffer of the trainer's, shared through CUDA IPC once; the servers
@@ -31,7 +30,7 @@ import socket
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -39,10 +38,9 @@ import grpc
 import torch
 
 from grpo_api.proto import rollout_pb2 as pb
-from grpo_api.rpc import CHUNK_BYTES, ClientAuth, rollout_channel
-from grpo_api.proto.rollout_pb2_grpc import RolloutStub
-from grpo_api.weights import (WATCHDOG_MARGIN_SECONDS, Bucket, TensorSpec, bucket_to_proto, plan_buckets,
-                              tensor_meta, wait_for_work)
+from grpo_api.rpc import CHUNK_BYTES, RolloutClients
+from grpo_api.weights import (WATCHDOG_MARGIN_SECONDS, Bucket, TensorSpec, abort_group, bucket_to_proto,
+                              plan_buckets, tensor_meta, wait_for_work)
 
 log = logging.getLogger("grpo.trainer.weight_sync")
 
@@ -79,59 +77,50 @@ def pack_bucket(bucket: Bucket, tensors: Iterator[tuple[str, torch.Tensor]], dev
             raise ValueError(f"the tensors ended before {placed.spec.name!r}") from None
         if name != placed.spec.name or tuple(tensor.shape) != placed.spec.shape:
             raise ValueError(f"expected {placed.spec.name} {placed.spec.shape}, got {name} {tuple(tensor.shape)}: "
-                             "tensors must come in the order and shapes of `specs`")
+                             "tensors must come in the order and shapes they were planned in")
         if placed.nbytes:
             flat = tensor.detach().contiguous().view(-1).view(torch.uint8)
             buffer[placed.offset:placed.offset + placed.nbytes].copy_(flat)
     return buffer
 
 
-def _plan(named_tensors: NamedTensors, specs: Sequence[TensorSpec] | None, bucket_bytes: int):
-    if specs is None:
-        named_tensors = list(named_tensors)
-        specs = tensor_specs(named_tensors)
-    return plan_buckets(specs, bucket_bytes), iter(named_tensors)
+def _plan(named_tensors: NamedTensors, bucket_bytes: int):
+    named_tensors = list(named_tensors)
+    return plan_buckets(tensor_specs(named_tensors), bucket_bytes), iter(named_tensors)
 
 
 class WeightSender(ABC):
     @abstractmethod
-    def send(self, workers: Sequence[str], named_tensors: NamedTensors, version: int, *,
-             specs: Sequence[TensorSpec] | None = None) -> SyncReport:
+    def send(self, workers: Sequence[str], named_tensors: NamedTensors, version: int) -> SyncReport:
         """Bring every worker (host:port) to `version`; raises WeightSyncError unless all got there."""
 
-    def resync(self, worker: str, named_tensors: NamedTensors, version: int, *,
-               specs: Sequence[TensorSpec] | None = None) -> SyncReport:
+    def resync(self, worker: str, named_tensors: NamedTensors, version: int) -> SyncReport:
         """Bring one worker that missed updates (restarted, new replica) to `version`."""
-        return self.send([worker], named_tensors, version, specs=specs)
+        return self.send([worker], named_tensors, version)
 
     def close(self) -> None:
         pass
 
 
-class _Stubs:
-    """One channel per worker, kept across updates."""
-
-    def __init__(self, auth: ClientAuth | str):
-        self._auth = auth
-        self._channels: dict[str, grpc.Channel] = {}
-
-    def __call__(self, address: str) -> RolloutStub:
-        if address not in self._channels:
-            self._channels[address] = rollout_channel(address, self._auth)
-        return RolloutStub(self._channels[address])
-
-    def close(self) -> None:
-        for channel in self._channels.values():
-            channel.close()
-        self._channels.clear()
-
-
-def worker_health(stub_of, worker: str, when: str) -> pb.HealthReply:
+def worker_health(clients: RolloutClients, worker: str, when: str) -> pb.HealthReply:
     """One Health call; a worker that doesn't answer is a WeightSyncError (`when` says when)."""
     try:
-        return stub_of(worker).Health(pb.HealthRequest(), timeout=10)
+        return clients.health(worker)
     except grpc.RpcError as exc:
         raise WeightSyncError(f"worker {worker} {when}: Health failed: {exc.code().name} {exc.details()}") from None
+
+
+def prepare_on(clients: RolloutClients, plans: Mapping[str, pb.WeightSyncPlan]) -> None:
+    """PrepareWeightSync on every worker at once (worker -> its plan); a worker that refuses is
+    a WeightSyncError naming it."""
+    def prepare(worker: str) -> None:
+        try:
+            clients(worker).PrepareWeightSync(plans[worker], timeout=60)
+        except grpc.RpcError as exc:
+            raise WeightSyncError(f"worker {worker}: PrepareWeightSync: {exc.code().name}: {exc.details()}") from None
+
+    with ThreadPoolExecutor(max_workers=len(plans)) as pool:
+        list(pool.map(prepare, plans))
 
 
 def check_sync_not_failed(worker: str, health: pb.HealthReply, version: int) -> None:
@@ -140,7 +129,7 @@ def check_sync_not_failed(worker: str, health: pb.HealthReply, version: int) -> 
         raise WeightSyncError(f"worker {worker}: weight sync to version {version} failed: {health.weight_sync_error}")
 
 
-def wait_for_version(stub_of, workers: Sequence[str], version: int, timeout: float) -> None:
+def wait_for_version(clients: RolloutClients, workers: Sequence[str], version: int, timeout: float) -> None:
     """Poll Health until every worker reports `version`; a worker whose collective sync of this
     version failed, or the deadline, ends the wait with a WeightSyncError."""
     deadline = time.monotonic() + timeout
@@ -148,7 +137,7 @@ def wait_for_version(stub_of, workers: Sequence[str], version: int, timeout: flo
     while pending:
         still = []
         for w in pending:
-            h = worker_health(stub_of, w, f"while waiting for version {version}")
+            h = worker_health(clients, w, f"while waiting for version {version}")
             if h.policy_version == version and h.ready:
                 continue
             check_sync_not_failed(w, h, version)
@@ -161,18 +150,18 @@ def wait_for_version(stub_of, workers: Sequence[str], version: int, timeout: flo
 
 
 class GrpcWeightSender(WeightSender):
-    def __init__(self, auth: ClientAuth | str, *, bucket_bytes: int, chunk_bytes: int = CHUNK_BYTES,
+    def __init__(self, clients: RolloutClients, *, bucket_bytes: int, chunk_bytes: int = CHUNK_BYTES,
                  timeout_seconds: float = 600.0, max_attempts: int = 3):
         """max_attempts: sends of one bucket to one worker before giving up on that worker."""
-        self._stubs = _Stubs(auth)
+        self._clients = clients
         self.bucket_bytes, self.chunk_bytes = bucket_bytes, chunk_bytes
         self.timeout, self.max_attempts = timeout_seconds, max_attempts
 
-    def send(self, workers, named_tensors, version, *, specs=None) -> SyncReport:
+    def send(self, workers, named_tensors, version) -> SyncReport:
         if not workers:
             raise ValueError("no workers to send weights to")
         started = time.monotonic()
-        buckets, tensors = _plan(named_tensors, specs, self.bucket_bytes)
+        buckets, tensors = _plan(named_tensors, self.bucket_bytes)
         report = SyncReport(version=version, seconds=0.0, nbytes=sum(b.nbytes for b in buckets))
         with ThreadPoolExecutor(max_workers=len(workers), thread_name_prefix="weights") as pool:
             for bucket in buckets:
@@ -190,7 +179,7 @@ class GrpcWeightSender(WeightSender):
                 if failures:
                     raise WeightSyncError(f"weight update to version {version} failed on "
                                           f"{len(failures)} worker(s): " + "; ".join(failures))
-        wait_for_version(self._stubs, workers, version, timeout=min(self.timeout, 60.0))
+        wait_for_version(self._clients, workers, version, timeout=min(self.timeout, 60.0))
         report.seconds = time.monotonic() - started
         return report
 
@@ -198,7 +187,7 @@ class GrpcWeightSender(WeightSender):
               report: SyncReport) -> None:
         for attempt in range(1, self.max_attempts + 1):
             try:
-                reply = self._stubs(worker).UpdateWeights(
+                reply = self._clients(worker).UpdateWeights(
                     self._chunks(version, bucket, num_buckets, data, None), timeout=self.timeout)
             except grpc.RpcError as exc:
                 raise WeightSyncError(f"UpdateWeights: {exc.code().name}: {exc.details()}") from None
@@ -226,9 +215,6 @@ class GrpcWeightSender(WeightSender):
                 data=piece, last_in_bucket=last,
                 sha256=(sha if hasher is None else hasher.hexdigest()) if last else "")
 
-    def close(self) -> None:
-        self._stubs.close()
-
 
 class _Group:
     """Rank 0 of a process group with the rollout workers, outside torch.distributed's default
@@ -253,16 +239,7 @@ class _Group:
         wait_for_work(self._pg.broadcast([tensor], self._opts), deadline, "the weight broadcast", check)
 
     def close(self) -> None:
-        # abort, not shutdown: a graceful NCCL shutdown waits for the peers to leave too, and
-        # they keep the group until they are told to form a new one.
-        for name in ("abort", "shutdown"):
-            stop = getattr(self._pg, name, None)
-            if stop is not None:
-                try:
-                    stop()
-                except Exception:  # a broken group may refuse; it is dropped either way
-                    pass
-                break
+        abort_group(self._pg)
         self._pg = None
 
 
@@ -272,7 +249,7 @@ def _default_master_addr() -> str:
 
 
 class CollectiveWeightSender(WeightSender):
-    def __init__(self, auth: ClientAuth | str, *, bucket_bytes: int, device: torch.device | str = "cpu",
+    def __init__(self, clients: RolloutClients, *, bucket_bytes: int, device: torch.device | str = "cpu",
                  timeout_seconds: float = 600.0, master_addr: str | None = None, master_port: int | None = None,
                  backend: str = "auto"):
         """master_addr/master_port: where the workers reach this process's TCPStore (defaults:
@@ -282,8 +259,8 @@ class CollectiveWeightSender(WeightSender):
 
         if backend not in ("auto", "gloo", "nccl"):
             raise ValueError(f"backend must be auto, gloo or nccl (got {backend!r})")
-        self._stubs = _Stubs(auth)
-        self._grpc = GrpcWeightSender(auth, bucket_bytes=bucket_bytes, timeout_seconds=timeout_seconds)
+        self._clients = clients
+        self._grpc = GrpcWeightSender(clients, bucket_bytes=bucket_bytes, timeout_seconds=timeout_seconds)
         self.bucket_bytes, self.timeout, self.backend = bucket_bytes, timeout_seconds, backend
         self.device = torch.device(device)
         self.master_addr = master_addr or _default_master_addr()
@@ -300,15 +277,15 @@ class CollectiveWeightSender(WeightSender):
             return self.backend
         if self.device.type != "cuda":
             return "gloo"
-        devices = [self._stubs(w).Info(pb.InfoRequest(), timeout=30).device for w in workers]
+        devices = [self._clients.info(w).device for w in workers]
         return "nccl" if all(d.startswith("cuda") for d in devices) else "gloo"
 
-    def send(self, workers, named_tensors, version, *, specs=None) -> SyncReport:
+    def send(self, workers, named_tensors, version) -> SyncReport:
         if not workers:
             raise ValueError("no workers to send weights to")
         started = time.monotonic()
         workers = tuple(workers)
-        buckets, tensors = _plan(named_tensors, specs, self.bucket_bytes)
+        buckets, tensors = _plan(named_tensors, self.bucket_bytes)
         try:
             backend = self._backend_for(workers)
             reform = self._group is None or self._members != workers
@@ -326,7 +303,7 @@ class CollectiveWeightSender(WeightSender):
                 self._group.broadcast(pack_bucket(bucket, tensors, device), deadline,
                                       check=lambda: self._check_alive(workers, version))
             transfer = time.monotonic() - t
-            wait_for_version(self._stubs, workers, version, timeout=max(deadline - time.monotonic(), 1.0))
+            wait_for_version(self._clients, workers, version, timeout=max(deadline - time.monotonic(), 1.0))
         except Exception as exc:
             self._drop_group()  # whatever broke, the next update starts from a fresh group
             if isinstance(exc, WeightSyncError):
@@ -339,26 +316,18 @@ class CollectiveWeightSender(WeightSender):
     def _check_alive(self, workers, version: int) -> None:
         """During a broadcast: a worker that is gone, or whose side failed, never completes it."""
         for w in workers:
-            check_sync_not_failed(w, worker_health(self._stubs, w, "went away during the weight broadcast"), version)
+            check_sync_not_failed(w, worker_health(self._clients, w, "went away during the weight broadcast"), version)
 
     def _prepare(self, workers, version, group_id, backend, buckets) -> None:
         bucket_protos = [bucket_to_proto(b) for b in buckets]
+        prepare_on(self._clients, {
+            worker: pb.WeightSyncPlan(version=version, group_id=group_id, master_addr=self.master_addr,
+                                      master_port=self.master_port, world_size=1 + len(workers), rank=rank,
+                                      backend=backend, buckets=bucket_protos, timeout_seconds=self.timeout)
+            for rank, worker in enumerate(workers, start=1)})
 
-        def prepare(rank_worker):
-            rank, worker = rank_worker
-            plan = pb.WeightSyncPlan(version=version, group_id=group_id, master_addr=self.master_addr,
-                                     master_port=self.master_port, world_size=1 + len(workers), rank=rank,
-                                     backend=backend, buckets=bucket_protos, timeout_seconds=self.timeout)
-            try:
-                self._stubs(worker).PrepareWeightSync(plan, timeout=60)
-            except grpc.RpcError as exc:
-                raise WeightSyncError(f"worker {worker}: PrepareWeightSync: {exc.code().name}: {exc.details()}") from None
-
-        with ThreadPoolExecutor(max_workers=len(workers)) as pool:
-            list(pool.map(prepare, enumerate(workers, start=1)))
-
-    def resync(self, worker, named_tensors, version, *, specs=None) -> SyncReport:
-        return self._grpc.send([worker], named_tensors, version, specs=specs)
+    def resync(self, worker, named_tensors, version) -> SyncReport:
+        return self._grpc.send([worker], named_tensors, version)
 
     def _drop_group(self) -> None:
         if self._group is not None:
@@ -367,8 +336,6 @@ class CollectiveWeightSender(WeightSender):
 
     def close(self) -> None:
         self._drop_group()
-        self._grpc.close()
-        self._stubs.close()
         self._store = None
 
 
@@ -393,8 +360,8 @@ def share_cuda_buffer(buffer: torch.Tensor) -> pb.CudaIpcBuffer:
 class IpcWeightSender:
     """Weights to servers on this GPU: they map the buffer (once) and copy out of it."""
 
-    def __init__(self, auth: ClientAuth | str, *, timeout_seconds: float = 600.0):
-        self._stubs = _Stubs(auth)
+    def __init__(self, clients: RolloutClients, *, timeout_seconds: float = 600.0):
+        self._clients = clients
         self.timeout = timeout_seconds
         self._shared: tuple[int, pb.CudaIpcBuffer] | None = None
 
@@ -414,17 +381,6 @@ class IpcWeightSender:
         ipc.bucket_offsets.append(0)
         plan = pb.WeightSyncPlan(version=version, backend="cuda_ipc", buckets=[bucket_to_proto(layout)],
                                  timeout_seconds=self.timeout, ipc=ipc)
-
-        def prepare(worker):
-            try:
-                self._stubs(worker).PrepareWeightSync(plan, timeout=60)
-            except grpc.RpcError as exc:
-                raise WeightSyncError(f"worker {worker}: PrepareWeightSync: {exc.code().name}: {exc.details()}") from None
-
-        with ThreadPoolExecutor(max_workers=len(workers)) as pool:
-            list(pool.map(prepare, workers))
-        wait_for_version(self._stubs, workers, version, timeout=self.timeout)
+        prepare_on(self._clients, dict.fromkeys(workers, plan))
+        wait_for_version(self._clients, workers, version, timeout=self.timeout)
         return SyncReport(version=version, seconds=time.monotonic() - started, nbytes=layout.nbytes)
-
-    def close(self) -> None:
-        self._stubs.close()
