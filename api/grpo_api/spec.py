@@ -323,7 +323,7 @@ class GRPOJobSpec(_Model):
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> "GRPOJobSpec":
-        # Every violated rule is reported at once; `grpo_api.errors` splits them back into
+        # Every violated rule is reported at once; `grpo_api.jobfile` splits them back into
         # one entry per field.
         errors = [e for rule in CROSS_FIELD_RULES if (e := rule.check(self))]
         if errors:

@@ -118,19 +118,3 @@ class Engine(ABC):
     def close(self) -> None:
         """Release the model (GPU memory, engine processes)."""
 
-
-def build_engine(name: str, model_path: str, *, dtype: str, device: str, seed: int, tokenizer_path: str | None = None,
-                 trust_remote_code: bool = False, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
-                 max_model_len: int | None = None, enforce_eager: bool = False, max_num_batched_tokens: int | None = None) -> Engine:
-    """The engine `spec.rollout.engine` names; each is imported only when chosen."""
-    if name == "hf":
-        from grpo_rollout.hf_engine import HFEngine
-        return HFEngine(model_path, dtype=dtype, device=device, seed=seed, tokenizer_path=tokenizer_path,
-                        trust_remote_code=trust_remote_code)
-    if name == "vllm":
-        from grpo_rollout.vllm_engine import VLLMEngine
-        return VLLMEngine(model_path, dtype=dtype, seed=seed, tokenizer_path=tokenizer_path,
-                          trust_remote_code=trust_remote_code, tensor_parallel_size=tensor_parallel_size,
-                          gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                          enforce_eager=enforce_eager, max_num_batched_tokens=max_num_batched_tokens)
-    raise ValueError(f"spec.rollout.engine: unknown engine {name!r}; known: hf, vllm")

@@ -113,7 +113,6 @@ def main(argv: list[str]) -> int:
 def _start(args, job, spec, token, tls, worker_id, metrics, rewards, holder):
     from grpo_api.model_cache import local_model
     from grpo_api.storage import Storage, check_local_model_path
-    from grpo_rollout.engine import build_engine
     from grpo_rollout.server import RolloutServicer, start_server
     from grpo_rollout.worker import RolloutWorker
 
@@ -121,13 +120,7 @@ def _start(args, job, spec, token, tls, worker_id, metrics, rewards, holder):
     check_local_model_path(model.path)
     if model.tokenizer_path:
         check_local_model_path(model.tokenizer_path, "spec.model.tokenizerPath")
-    engine = build_engine(spec.rollout.engine, model.path, dtype=model.dtype.value, device=_device(args.device),
-                          seed=spec.rollout.seed, tokenizer_path=model.tokenizer_path,
-                          trust_remote_code=model.trust_remote_code,
-                          tensor_parallel_size=spec.rollout.tensor_parallel_size,
-                          gpu_memory_utilization=spec.rollout.gpu_memory_utilization, max_model_len=spec.total_length,
-                          enforce_eager=spec.rollout.enforce_eager,
-                          max_num_batched_tokens=spec.rollout.max_num_batched_tokens)
+    engine = build_engine(spec, model, device=_device(args.device))
     try:
         worker = RolloutWorker(spec=spec, engine=engine, rewards=rewards, storage=Storage(spec.storage),
                                worker_id=worker_id, metrics=metrics)
@@ -136,3 +129,22 @@ def _start(args, job, spec, token, tls, worker_id, metrics, rewards, holder):
     except BaseException:
         engine.close()
         raise
+
+
+def build_engine(spec, model, *, device: str):
+    """The engine spec.rollout.engine names, for `model` (the spec's model, as fetched). Each
+    engine module is imported only when chosen (vllm is large), and here, outside engine.py,
+    which both import."""
+    rollout = spec.rollout
+    common = dict(dtype=model.dtype.value, seed=rollout.seed, tokenizer_path=model.tokenizer_path,
+                  trust_remote_code=model.trust_remote_code)
+    if rollout.engine == "hf":
+        from grpo_rollout.hf_engine import HFEngine
+        return HFEngine(model.path, device=device, **common)
+    if rollout.engine == "vllm":
+        from grpo_rollout.vllm_engine import VLLMEngine
+        return VLLMEngine(model.path, tensor_parallel_size=rollout.tensor_parallel_size,
+                          gpu_memory_utilization=rollout.gpu_memory_utilization, max_model_len=spec.total_length,
+                          enforce_eager=rollout.enforce_eager, max_num_batched_tokens=rollout.max_num_batched_tokens,
+                          **common)
+    raise ValueError(f"spec.rollout.engine: unknown engine {rollout.engine!r}; known: hf, vllm")

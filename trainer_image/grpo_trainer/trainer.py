@@ -75,6 +75,14 @@ class Trainer:
         self.metrics = open_metrics(job, self.layout, self.storage, device=self.device, resumed_step=self.state.step,
                                     metrics_port=metrics_port,
                                     tracker_runs=resumed.get("trackers") if resumed.get("own") else None)
+        self._connect_rollouts(rollout_addresses, auth, datasets)
+        self.validator = Validator(self.spec, self.rollouts)
+        if resumed:
+            self.rollouts.load_state_dict(resumed)
+            self.validator.score = resumed.get("validation_score")
+
+    def _connect_rollouts(self, rollout_addresses: str, auth: ClientAuth, datasets) -> None:
+        """The weight publisher and the rollout source, sharing rank 0's clients of the servers."""
         servers = RolloutServers(static_or_dns_discovery(rollout_addresses), auth) if self.rank == 0 else None
         # In the rollout engines' dtype (spec.model.dtype) on GPU; float32 on CPU.
         rollout_dtype = getattr(torch, self.spec.model.dtype.value) if self.device.type == "cuda" else torch.float32
@@ -84,10 +92,6 @@ class Trainer:
                                        timeout=self.spec.rollout.request_timeout_seconds) if servers else None
         self.rollouts = rollouts.RolloutSource(self.spec, datasets=datasets, dispatcher=dispatcher,
                                                storage=self.storage, total_steps=self.total_steps, device=self.device)
-        self.validator = Validator(self.spec, self.rollouts)
-        if resumed:
-            self.rollouts.load_state_dict(resumed)
-            self.validator.score = resumed.get("validation_score")
 
     # --- the loop ----------------------------------------------------------------------------
 
