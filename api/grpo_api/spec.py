@@ -99,6 +99,7 @@ class AdvEstimator(str, Enum):
     reinforce_plus_plus = "reinforce_plus_plus"
     reinforce_plus_plus_baseline = "reinforce_plus_plus_baseline"
     opo = "opo"
+    gae = "gae"
 
 
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
@@ -113,7 +114,9 @@ class AlgorithmSpec(_Model):
     norm_adv_by_std: bool = True
     """Divide GRPO advantages by the group's std; false gives Dr.GRPO (verl: algorithm.norm_adv_by_std_in_grpo)."""
     gamma: float = Field(default=1.0, ge=0.0, le=1.0)
-    """Discount for REINFORCE++ returns (verl: algorithm.gamma)."""
+    """Discount for GAE and REINFORCE++ returns (verl: algorithm.gamma)."""
+    lam: float = Field(default=1.0, ge=0.0, le=1.0)
+    """GAE's lambda: 1 is Monte-Carlo returns minus the critic's value, 0 one-step TD (verl: algorithm.lam)."""
     loss_agg_mode: LossAggMode = "token-mean"
     """How token losses are averaged (verl: actor.loss_agg_mode). seq-mean-token-sum-norm is Dr.GRPO's: the
     mini-batch's token-loss sum divided by (responses x lossScaleFactor), as the Dr.GRPO paper and TRL's
@@ -163,6 +166,37 @@ class RewardSpec(_Model):
     """Reward worker processes per rollout server."""
     overlong_buffer: OverlongBuffer = OverlongBuffer()
     """DAPO overlong shaping."""
+
+
+class CriticSpec(_Model):
+    """The value model of PPO (advEstimator gae): the policy's architecture with a scalar value head on
+    every token (verl's token-classification critic), FSDP2-sharded on the trainer ranks with its own
+    optimizer, trained beside the policy on the same mini-batches; never sent to the rollout servers.
+    Ignored by the other estimators."""
+
+    model_path: str | None = Field(default=None, min_length=1)
+    """Local folder of the critic's initial weights (a causal LM, whose head is replaced, or a
+    token-classification model with one label); null: the policy's model (verl: critic.model.path)."""
+    lr: float = Field(default=1e-5, ge=0.0)
+    """Learning rate (verl: critic.optim.lr)."""
+    lr_warmup_steps: int = Field(default=0, ge=0)
+    """Linear warmup steps (verl: critic.optim.lr_warmup_steps)."""
+    lr_scheduler: Literal["constant", "cosine"] = "constant"
+    """Schedule after warmup (verl: critic.optim.warmup_style)."""
+    weight_decay: float = Field(default=0.01, ge=0.0)
+    """AdamW weight decay (verl: critic.optim.weight_decay)."""
+    grad_clip: float = Field(default=1.0, gt=0.0)
+    """Max gradient norm (verl: critic.grad_clip)."""
+    cliprange_value: float = Field(default=0.5, gt=0.0)
+    """New values are clipped to old value +- this in the value loss (verl: critic.cliprange_value)."""
+    ppo_epochs: int | None = Field(default=None, ge=1)
+    """Passes over each rollout batch; null: trainer.ppoEpochs (verl: critic.ppo_epochs)."""
+    micro_batch_size_per_gpu: int | None = Field(default=None, ge=1, alias="microBatchSizePerGPU")
+    """Responses per forward/backward; null: trainer.microBatchSizePerGPU (verl: critic.ppo_micro_batch_size_per_gpu)."""
+    max_tokens_per_gpu: int | None = Field(default=None, ge=1, alias="maxTokensPerGPU")
+    """Token budget per micro-batch; null: trainer.maxTokensPerGPU (verl: critic.ppo_max_token_len_per_gpu)."""
+    gradient_checkpointing: bool = True
+    """Recompute activations in the backward pass (verl: critic.model.enable_gradient_checkpointing)."""
 
 
 class RolloutSpec(_Model):
@@ -237,6 +271,9 @@ class TrainerSpec(_Model):
     """Validate once before the first step (verl: trainer.val_before_train)."""
     save_freq: int = Field(default=-1, ge=-1)
     """Checkpoint every N steps (and at the end); -1 only at the end (verl: trainer.save_freq)."""
+    critic_warmup: int = Field(default=0, ge=0)
+    """With advEstimator gae: the first N steps train only the critic, the policy stays as it is (verl:
+    trainer.critic_warmup, which compares with its 1-based step count: verl's N is N-1 here)."""
     keep_checkpoints: int | None = Field(default=2, ge=1)
     """Complete checkpoints kept; older ones are deleted; null keeps all (verl: max_actor_ckpt_to_keep)."""
     ref_cpu_offload: bool = False
@@ -312,6 +349,8 @@ class GRPOJobSpec(_Model):
     """Generation servers and sampling."""
     trainer: TrainerSpec = TrainerSpec()
     """The learner."""
+    critic: CriticSpec = CriticSpec()
+    """PPO's value model (advEstimator gae only)."""
     storage: StorageSpec = StorageSpec()
     """Object storage for exchange and checkpoints."""
     weight_sync: WeightSyncSpec = WeightSyncSpec()

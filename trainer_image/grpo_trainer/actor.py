@@ -23,6 +23,7 @@ from grpo_trainer import batch as batching
 from grpo_trainer.algorithms import (LossNormalizer, entropy_from_logits, kl_penalty,
                                      logprobs_from_logits, policy_loss)
 from grpo_trainer.batch import MicroBatch, Sample
+from grpo_trainer.critic import Critic
 from grpo_trainer.model import build_optimizer, build_policy, build_reference, num_parameters
 
 log = logging.getLogger("grpo.trainer")
@@ -75,44 +76,83 @@ class Actor:
                     if spec.algorithm.use_kl_loss else None)
         self.optimizer, self.scheduler = build_optimizer(self.model, spec.trainer, total_steps)
         self.n_params = num_parameters(self.model)
+        # PPO's value model: its values make the advantages (GAE) instead of the group's rewards.
+        self.critic = (Critic(model_spec, spec, device=device, total_steps=total_steps)
+                       if spec.algorithm.adv_estimator.value == "gae" else None)
 
-    def train_on(self, samples: list[Sample], *, off_policy: bool) -> UpdateResult:
-        """Collective: advantages over the whole batch, then this rank's share of every
-        mini-batch, its log-probs and ppoEpochs of updates. `off_policy`: the samples may come
-        from an older policy, so the ratio is taken against the engine's log-probs."""
-        algo = self.spec.algorithm
-        if self.rank == 0:
-            log.info("Computing group-relative advantages...")
-        advantages = batching.advantages_per_sample(samples, algo.adv_estimator.value,
-                                                    norm_adv_by_std=algo.norm_adv_by_std, gamma=algo.gamma)
-        minibatches = self._micro_batches(samples, advantages)
+    def checkpoint_parts(self) -> dict:
+        """What a checkpoint holds: (model, optimizer, scheduler) by name."""
+        parts = {"policy": (self.model, self.optimizer, self.scheduler)}
+        if self.critic is not None:
+            parts["critic"] = (self.critic.model, self.critic.optimizer, self.critic.scheduler)
+        return parts
+
+    def train_on(self, samples: list[Sample], *, off_policy: bool, step: int) -> UpdateResult:
+        """Collective: this rank's share of every mini-batch, its log-probs, the advantages over
+        the whole batch, then the critic's update (PPO) and ppoEpochs of policy updates; during
+        trainer.criticWarmup only the critic's. `off_policy`: the samples may come from an older
+        policy, so the ratio is taken against the engine's log-probs."""
+        trainer = self.spec.trainer
+        minibatches = self._micro_batches(samples, trainer.micro_batch_size_per_gpu, trainer.max_tokens_per_gpu)
         timings: dict[str, float] = {}
         old_logp, ref_logp = self._logprobs(minibatches, off_policy, timings)
-        if self.rank == 0:
-            log.info("Updating actor model...")
-        start = time.perf_counter()
-        result = update_policy(self.model, self.optimizer, self.scheduler, self.spec, minibatches, old_logp,
-                               ref_logp, self.world, self.device)
-        timings["timing_s/update_actor"] = time.perf_counter() - start
+        advantages = self._advantages(samples, minibatches, timings)
         adv = torch.cat(advantages)
-        result.metrics["critic/advantages/mean"] = float(adv.mean())
-        result.metrics["critic/advantages/std"] = float(adv.std()) if len(adv) > 1 else 0.0
-        # forward + backward (3 passes' worth) per epoch, and one per log-prob pass done
-        passes = 3 * self.spec.trainer.ppo_epochs + (self.ref is not None) + (timings["timing_s/old_log_prob"] > 0)
-        result.flops = 2 * self.n_params * sum(s.length for s in samples) * passes
+        metrics = {"critic/advantages/mean": float(adv.mean()),
+                   "critic/advantages/std": float(adv.std()) if len(adv) > 1 else 0.0}
+        tokens = sum(s.length for s in samples)
+        passes = 0
+        if self.critic is not None:
+            metrics |= self.critic.update(timings)
+            flops = 2 * self.critic.n_params * tokens * self.critic.forward_passes()
+        else:
+            flops = 0.0
+        result = UpdateResult({}, 0)
+        if self.critic is None or step > self.spec.trainer.critic_warmup:
+            if self.rank == 0:
+                log.info("Updating actor model...")
+            start = time.perf_counter()
+            result = update_policy(self.model, self.optimizer, self.scheduler, self.spec, minibatches, old_logp,
+                                   ref_logp, self.world, self.device)
+            timings["timing_s/update_actor"] = time.perf_counter() - start
+            passes = 3 * self.spec.trainer.ppo_epochs
+        elif self.rank == 0:
+            log.info("Critic warm-up (step %d of trainer.criticWarmup=%d): the policy stays as it is",
+                     step, self.spec.trainer.critic_warmup)
+        # one pass per log-prob computation done
+        passes += (self.ref is not None) + (timings["timing_s/old_log_prob"] > 0)
+        result.metrics = {**metrics, **result.metrics}
+        result.flops = flops + 2 * self.n_params * tokens * passes
         result.train_seconds = sum(timings.values())
         result.timings = timings
         return result
 
-    def _micro_batches(self, samples: list[Sample], advantages) -> list[list[MicroBatch]]:
-        trainer, n = self.spec.trainer, self.spec.rollout.n
-        per_mini = trainer.mini_batch_size * n
+    def _advantages(self, samples: list[Sample], minibatches, timings: dict[str, float]) -> list[torch.Tensor]:
+        """Per sample, written into the micro-batches too: GAE from the critic's values, or the
+        outcome estimator's over the step's rewards."""
+        algo = self.spec.algorithm
+        if self.critic is not None:
+            trainer, critic = self.spec.trainer, self.spec.critic
+            own = self._micro_batches(samples, critic.micro_batch_size_per_gpu or trainer.micro_batch_size_per_gpu,
+                                      critic.max_tokens_per_gpu or trainer.max_tokens_per_gpu)
+            padded = self.critic.estimate(samples, own, timings)
+        else:
+            if self.rank == 0:
+                log.info("Computing group-relative advantages...")
+            advantages = batching.advantages_per_sample(samples, algo.adv_estimator.value,
+                                                        norm_adv_by_std=algo.norm_adv_by_std, gamma=algo.gamma)
+            padded = torch.nn.utils.rnn.pad_sequence(advantages, batch_first=True)
+        batching.set_response_values([mb for mbs in minibatches for mb in mbs], samples, "advantages", padded)
+        return [padded[i, :len(s.response_ids)] for i, s in enumerate(samples)]
+
+    def _micro_batches(self, samples: list[Sample], max_count: int, max_tokens: int | None) -> list[list[MicroBatch]]:
+        """This rank's share of every mini-batch, cut into micro-batches (by count or tokens)."""
+        per_mini = self.spec.trainer.mini_batch_size * self.spec.rollout.n
         out = []
         for start in range(0, len(samples), per_mini):
             share = batching.rank_share(list(range(start, start + per_mini)), self.rank, self.world)
-            groups = batching.micro_batches(share, samples, max_count=trainer.micro_batch_size_per_gpu,
-                                            max_tokens=trainer.max_tokens_per_gpu)
-            out.append([batching.collate(g, samples, advantages, self.pad_token_id, self.device) for g in groups])
+            groups = batching.micro_batches(share, samples, max_count=max_count, max_tokens=max_tokens)
+            out.append([batching.collate(g, samples, None, self.pad_token_id, self.device) for g in groups])
         return out
 
     def _logprobs(self, minibatches, off_policy: bool, timings: dict[str, float]) -> tuple[dict, dict | None]:

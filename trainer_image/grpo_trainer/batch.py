@@ -76,16 +76,23 @@ def check_staleness(samples: list[Sample], current_version: int, max_staleness: 
     return sum(lags) / len(lags)
 
 
-def advantages_per_sample(samples: list[Sample], estimator: str, *, norm_adv_by_std: bool,
-                          gamma: float) -> list[torch.Tensor]:
-    """Advantages of each sample's response tokens (the whole step's batch is one computation:
-    group statistics and REINFORCE++ whitening need every sample)."""
+def token_rewards(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, T] token-level rewards (the outcome reward on each response's last token) and the
+    response mask, T the longest response."""
     width = max(len(s.response_ids) for s in samples)
     mask = torch.zeros(len(samples), width)
     rewards = torch.zeros(len(samples), width)
     for i, s in enumerate(samples):
         mask[i, :len(s.response_ids)] = 1
-        rewards[i, len(s.response_ids) - 1] = s.reward   # outcome reward on the last token
+        rewards[i, len(s.response_ids) - 1] = s.reward
+    return rewards, mask
+
+
+def advantages_per_sample(samples: list[Sample], estimator: str, *, norm_adv_by_std: bool,
+                          gamma: float) -> list[torch.Tensor]:
+    """Advantages of each sample's response tokens (the whole step's batch is one computation:
+    group statistics and REINFORCE++ whitening need every sample)."""
+    rewards, mask = token_rewards(samples)
     adv, _ = compute_advantages(estimator, rewards, mask, [s.uid for s in samples],
                                 norm_adv_by_std=norm_adv_by_std, gamma=gamma)
     return [adv[i, :len(s.response_ids)] for i, s in enumerate(samples)]
@@ -125,14 +132,47 @@ class MicroBatch:
     advantages: torch.Tensor      # [b, L-1]
     behaviour_logprobs: torch.Tensor  # [b, L-1]: the rollout engine's logprob of each response token
     response_start: int = 0       # first position that predicts a response token, over all rows
+    returns: torch.Tensor | None = None      # [b, L-1], PPO: the critic's targets
+    old_values: torch.Tensor | None = None   # [b, L-1], PPO: the critic's values before its update
 
     @property
     def num_tokens(self) -> int:
         return int(self.attention_mask.sum())
 
 
-def collate(indices: list[int], samples: list[Sample], advantages: list[torch.Tensor], pad_id: int,
+def response_span(mb: MicroBatch, row: int, samples: list[Sample]) -> slice:
+    """The positions of `mb`'s row that predict its sample's response tokens."""
+    s = samples[mb.indices[row]]
+    return slice(len(s.prompt_ids) - 1, len(s.prompt_ids) - 1 + len(s.response_ids))
+
+
+def set_response_values(micro_batches: list[MicroBatch], samples: list[Sample], name: str,
+                        per_sample: torch.Tensor) -> None:
+    """Write `per_sample[i, :len(response i)]` ([N, T], by sample index) into each micro-batch's
+    `name` tensor, at the positions of sample i's response."""
+    for mb in micro_batches:
+        out = torch.zeros_like(mb.response_mask)
+        for row, i in enumerate(mb.indices):
+            span = response_span(mb, row, samples)
+            out[row, span] = per_sample[i, :span.stop - span.start].to(out)
+        setattr(mb, name, out)
+
+
+def gather_response_values(micro_batches: list[MicroBatch], per_mb: list[torch.Tensor], samples: list[Sample],
+                           width: int) -> torch.Tensor:
+    """The inverse of `set_response_values` for this rank's micro-batches: [N, width] by sample
+    index, zero for the samples of other ranks (an all-reduce sum then gathers them)."""
+    out = torch.zeros(len(samples), width, dtype=torch.float32, device=per_mb[0].device if per_mb else "cpu")
+    for mb, values in zip(micro_batches, per_mb):
+        for row, i in enumerate(mb.indices):
+            span = response_span(mb, row, samples)
+            out[i, :span.stop - span.start] = values[row, span].float()
+    return out
+
+
+def collate(indices: list[int], samples: list[Sample], advantages: list[torch.Tensor] | None, pad_id: int,
             device: torch.device) -> MicroBatch:
+    """`advantages`: per sample, by index; None leaves them 0 (set later: set_response_values)."""
     width = max(samples[i].length for i in indices)
     b = len(indices)
     input_ids = torch.full((b, width), pad_id, dtype=torch.long)
@@ -149,7 +189,8 @@ def collate(indices: list[int], samples: list[Sample], advantages: list[torch.Te
         input_ids[row, :p + r] = torch.tensor(s.prompt_ids + s.response_ids)
         attention[row, :p + r] = 1
         resp_mask[row, p - 1:p - 1 + r] = 1
-        adv[row, p - 1:p - 1 + r] = advantages[i]
+        if advantages is not None:
+            adv[row, p - 1:p - 1 + r] = advantages[i]
         behaviour[row, p - 1:p - 1 + r] = torch.tensor(s.behaviour_logprobs)
     start = min(len(samples[i].prompt_ids) for i in indices) - 1
     return MicroBatch(indices, input_ids.to(device), attention.to(device), input_ids[:, 1:].to(device),

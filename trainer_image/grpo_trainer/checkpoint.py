@@ -1,5 +1,5 @@
-"""Checkpoints with torch.distributed.checkpoint (DCP): model, optimizer, scheduler, sampler,
-RNG, step and policy version under `<root>/checkpoints/step-N/`, `manifest.json` written last.
+"""Checkpoints with torch.distributed.checkpoint (DCP): model, optimizer and scheduler (of the
+policy, and of PPO's critic), sampler, RNG, step and policy version under `<root>/checkpoints/step-N/`, `manifest.json` written last.
 
 Only a checkpoint with a manifest is complete; `resume: auto` takes the latest complete one, so
 a trainer killed mid-write resumes from the previous checkpoint.
@@ -82,16 +82,32 @@ def resolve_resume(resume: str, layout: RunLayout, storage: Storage) -> str | No
     return uri
 
 
-def save(uri: str, *, model, optimizer, scheduler, trainer_state: dict, storage: Storage,
+def _keys(part: str) -> tuple[str, str, str]:
+    """(model, optimizer, scheduler) keys of a part: the policy's are the names checkpoints had
+    before a critic could be in them."""
+    return ("model", "optim", "scheduler") if part == "policy" else (part, f"{part}_optim", f"{part}_scheduler")
+
+
+def _dcp_state(parts: dict) -> dict:
+    state = {}
+    for part, (model, optimizer, _) in parts.items():
+        model_key, optim_key, _ = _keys(part)
+        state[model_key] = get_model_state_dict(model)
+        state[optim_key] = get_optimizer_state_dict(model, optimizer)
+    return state
+
+
+def save(uri: str, *, parts: dict, trainer_state: dict, storage: Storage,
          keep: int | None, layout: RunLayout, key: bytes, device: torch.device) -> None:
+    """`parts`: (model, optimizer, scheduler) by name ("policy", "critic")."""
     rank = dist.get_rank()
     staging = tempfile.mkdtemp(prefix="grpo-ckpt-")
     try:
-        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
-        dcp.save(state, checkpoint_id=staging)
+        dcp.save(_dcp_state(parts), checkpoint_id=staging)
         if rank == 0:
             rng = {"torch": torch.get_rng_state().tolist()}
-            extras = {**trainer_state, "scheduler": scheduler.state_dict(), "rng": rng}
+            schedulers = {_keys(part)[2]: scheduler.state_dict() for part, (_, _, scheduler) in parts.items()}
+            extras = {**trainer_state, **schedulers, "rng": rng}
             with open(os.path.join(staging, TRAINER_STATE), "w") as f:
                 json.dump(extras, f)
         files = {}
@@ -145,7 +161,7 @@ def stage(uri: str, storage: Storage, key: bytes) -> tuple[str, dict]:
     return staging, manifest
 
 
-def load(uri: str, *, model, optimizer, scheduler, storage: Storage, key: bytes, device: torch.device) -> dict:
+def load(uri: str, *, parts: dict, storage: Storage, key: bytes, device: torch.device) -> dict:
     """Load a complete, verified checkpoint into the sharded model and optimizer; return the
     trainer state. Every rank checks its own copy; all stop (ManifestError) if any copy fails,
     instead of the others waiting in DCP's collectives for it."""
@@ -160,15 +176,22 @@ def load(uri: str, *, model, optimizer, scheduler, storage: Storage, key: bytes,
             shutil.rmtree(staging, ignore_errors=True)
         raise ManifestError(problems[0])
     try:
-        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
-        dcp.load(state, checkpoint_id=staging)
-        set_model_state_dict(model, state["model"])
-        set_optimizer_state_dict(model, optimizer, state["optim"])
         with open(os.path.join(staging, TRAINER_STATE)) as f:
             extras = json.load(f)
+        for part in parts:
+            if _keys(part)[2] not in extras:   # every rank reads the same file: all stop here
+                raise ManifestError(f"{uri}: the checkpoint has no {part} (written by a job without one: "
+                                    f"advEstimator gae trains a critic); start this job from its exported "
+                                    f"model instead (spec.model.path)")
+        state = _dcp_state(parts)
+        dcp.load(state, checkpoint_id=staging)
+        for part, (model, optimizer, scheduler) in parts.items():
+            model_key, optim_key, scheduler_key = _keys(part)
+            set_model_state_dict(model, state[model_key])
+            set_optimizer_state_dict(model, optimizer, state[optim_key])
+            scheduler.load_state_dict(extras[scheduler_key])
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    scheduler.load_state_dict(extras["scheduler"])
     torch.set_rng_state(torch.tensor(extras["rng"]["torch"], dtype=torch.uint8))
     return extras
 
@@ -190,10 +213,11 @@ def load_full_state_dict(uri: str, storage: Storage, key: bytes) -> tuple[dict[s
 
 
 class Checkpointer:
-    def __init__(self, spec: GRPOJobSpec, *, model, optimizer, scheduler, layout: RunLayout, storage: Storage,
-                 key: bytes, device: torch.device):
+    def __init__(self, spec: GRPOJobSpec, *, parts: dict, layout: RunLayout, storage: Storage, key: bytes,
+                 device: torch.device):
+        """parts: (model, optimizer, scheduler) by name, as the actor holds them."""
         self.spec, self.layout, self.storage, self.key, self.device = spec, layout, storage, key, device
-        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.parts = parts
         self.last: str | None = None   # the latest complete checkpoint, saved or resumed from
 
     def resume(self) -> dict | None:
@@ -202,8 +226,7 @@ class Checkpointer:
         uri = resolve_resume(self.spec.resume, self.layout, self.storage)
         if uri is None:
             return None
-        state = load(uri, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                     storage=self.storage, key=self.key, device=self.device)
+        state = load(uri, parts=self.parts, storage=self.storage, key=self.key, device=self.device)
         self.last = uri
         log.info("Resumed from %s (step %d, policy version %d)", uri, state["step"], state["policy_version"])
         return {**state, "own": uri.startswith(self.layout.checkpoints + "/")}
@@ -222,8 +245,7 @@ class Checkpointer:
         """Collective: checkpoint step `step` now (rank 0's `trainer_state` is the one kept)."""
         start = time.perf_counter()
         uri = self.layout.checkpoint(step)
-        save(uri, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-             trainer_state={"step": step, **trainer_state}, storage=self.storage,
+        save(uri, parts=self.parts, trainer_state={"step": step, **trainer_state}, storage=self.storage,
              keep=self.spec.trainer.keep_checkpoints, layout=self.layout, key=self.key, device=self.device)
         self.last = uri
         if dist.get_rank() == 0:

@@ -20,20 +20,32 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from grpo_api.spec import ModelSpec, TrainerSpec
+from grpo_api.spec import CriticSpec, ModelSpec, TrainerSpec
 from grpo_api.storage import check_local_model_path
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def load_hf_model(spec: ModelSpec, *, dtype: torch.dtype | str = torch.float32):
-    from transformers import AutoModelForCausalLM
-    check_local_model_path(spec.path, "spec.model.path")
+# PPO's critic: one value per token (verl's token-classification critic), no dropout.
+VALUE_HEAD = {"num_labels": 1, "classifier_dropout": 0.0}
+
+
+def load_hf_model(spec: ModelSpec, *, dtype: torch.dtype | str = torch.float32, value_head: bool = False,
+                  field: str = "spec.model.path"):
+    """The Hugging Face model at spec.path: a causal LM, or with `value_head` the same backbone
+    with a scalar head on every token (a new head, initialized from torch's RNG, unless the
+    checkpoint is a one-label token classifier)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+    check_local_model_path(spec.path, field)
     try:
-        return AutoModelForCausalLM.from_pretrained(
-            spec.path, dtype=dtype, trust_remote_code=spec.trust_remote_code, attn_implementation="sdpa")
+        if not value_head:
+            return AutoModelForCausalLM.from_pretrained(spec.path, dtype=dtype, trust_remote_code=spec.trust_remote_code,
+                                                        attn_implementation="sdpa")
+        config = AutoConfig.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code, **VALUE_HEAD)
+        return AutoModelForTokenClassification.from_pretrained(
+            spec.path, config=config, dtype=dtype, trust_remote_code=spec.trust_remote_code, attn_implementation="sdpa")
     except OSError as exc:
-        raise FileNotFoundError(f"spec.model.path: can't load a model from {spec.path!r}: {exc}") from None
+        raise FileNotFoundError(f"{field}: can't load a model from {spec.path!r}: {exc}") from None
 
 
 def training_device(want: str) -> torch.device:
@@ -109,20 +121,23 @@ def _parameters_on_meta():
         torch.nn.Module.register_parameter = register
 
 
-def _load_sharded(spec: ModelSpec, device: torch.device, *, dtype: torch.dtype, prepare, shard):
+def _load_sharded(spec: ModelSpec, device: torch.device, *, dtype: torch.dtype, prepare, shard,
+                  value_head: bool = False, field: str = "spec.model.path"):
     """The model in `dtype` on `device`, sharded by `shard(model)`, with the checkpoint's
     weights: read by rank 0 alone, each rank receiving its shards (module docstring).
     `prepare(model)` runs before sharding (gradient checkpointing, freezing)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-    from transformers import AutoConfig, AutoModelForCausalLM
-    check_local_model_path(spec.path, "spec.model.path")
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+    check_local_model_path(spec.path, field)
     try:
-        config = AutoConfig.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
+        config = AutoConfig.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code,
+                                            **(VALUE_HEAD if value_head else {}))
     except OSError as exc:
-        raise FileNotFoundError(f"spec.model.path: can't load a model config from {spec.path!r}: {exc}") from None
+        raise FileNotFoundError(f"{field}: can't load a model config from {spec.path!r}: {exc}") from None
+    auto = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
     with _parameters_on_meta():
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=spec.trust_remote_code,
-                                                 attn_implementation="sdpa")
+        model = auto.from_config(config, dtype=dtype, trust_remote_code=spec.trust_remote_code,
+                                 attn_implementation="sdpa")
     prepare(model)
     buffers = {name: b.clone() for name, b in model.named_buffers()}
     model = shard(model)
@@ -131,7 +146,8 @@ def _load_sharded(spec: ModelSpec, device: torch.device, *, dtype: torch.dtype, 
         for name, b in buffers.items():
             model.get_buffer(name).copy_(b)
     # The checkpoint's own dtype (bf16 for real models) loses nothing and halves rank 0's copy.
-    full = load_hf_model(spec, dtype="auto").state_dict() if dist.get_rank() == 0 else {}
+    full = (load_hf_model(spec, dtype="auto", value_head=value_head, field=field).state_dict()
+            if dist.get_rank() == 0 else {})
     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     return model
 
@@ -148,6 +164,22 @@ def build_policy(spec: ModelSpec, device: torch.device, *, compile: bool = False
     if compile and on_gpu:
         compile_layers(model)
     return model
+
+
+def build_critic(spec: ModelSpec, critic: CriticSpec, device: torch.device):
+    """PPO's value model: critic.modelPath (default: the policy's model) with a scalar head on
+    every token, trained in float32 master weights like the policy."""
+    on_gpu = device.type == "cuda"
+    spec = spec.model_copy(update={"path": critic.model_path or spec.path,
+                                   "gradient_checkpointing": critic.gradient_checkpointing})
+
+    def prepare(model):
+        model.config.use_cache = False
+        if spec.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return _load_sharded(spec, device, dtype=torch.float32, prepare=prepare, value_head=True,
+                         field="spec.critic.modelPath" if critic.model_path else "spec.model.path",
+                         shard=lambda m: apply_fsdp(m, compute_dtype=_DTYPES[spec.dtype.value], on_gpu=on_gpu))
 
 
 def build_reference(spec: ModelSpec, device: torch.device, *, cpu_offload: bool, compile: bool = False):
@@ -174,7 +206,7 @@ def build_reference(spec: ModelSpec, device: torch.device, *, cpu_offload: bool,
     return model
 
 
-def build_optimizer(model, trainer: TrainerSpec, total_steps: int):
+def build_optimizer(model, trainer: TrainerSpec | CriticSpec, total_steps: int):
     opt = torch.optim.AdamW(model.parameters(), lr=trainer.lr, weight_decay=trainer.weight_decay,
                             betas=(0.9, 0.999))
     warmup = trainer.lr_warmup_steps

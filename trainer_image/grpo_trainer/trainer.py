@@ -3,7 +3,8 @@ the order of docs/ARCHITECTURE.md §1.
 
 - `RolloutSource` (rollouts.py): steps 1-2, the step's `RolloutBatch` and samples on every rank
   (data, sampler, dispatch, dynamic sampling, the maxStaleness 1 prefetch);
-- `Actor` (actor.py): step 3, advantages and the policy update (policy, reference, optimizer);
+- `Actor` (actor.py): step 3, advantages and the policy update (policy, reference, optimizer;
+  with PPO the `Critic`, critic.py, whose values make the advantages);
 - `WeightPublisher` (publisher.py): step 4, the new weights to every rollout server;
 - `Validator` (validation.py) and `Checkpointer` (checkpoint.py): each decides when it runs;
 - metrics.py: the step's metrics, the loggers and progress.json.
@@ -66,9 +67,8 @@ class Trainer:
         self.total_steps = self.spec.trainer.total_steps or self.spec.trainer.total_epochs * self.steps_per_epoch
         self.actor = Actor(self.model_spec, self.spec, device=self.device, total_steps=self.total_steps,
                            pad_token_id=tokenizer.pad_token_id)
-        self.checkpointer = Checkpointer(self.spec, model=self.actor.model, optimizer=self.actor.optimizer,
-                                         scheduler=self.actor.scheduler, layout=self.layout, storage=self.storage,
-                                         key=checkpoint_key, device=self.device)
+        self.checkpointer = Checkpointer(self.spec, parts=self.actor.checkpoint_parts(), layout=self.layout,
+                                         storage=self.storage, key=checkpoint_key, device=self.device)
         resumed = self.checkpointer.resume() or {}
         self.state = State(resumed.get("step", 0), resumed.get("policy_version", 0))
         # This job's own checkpoint continues its tracker runs (not another job's, with resume: <uri>).
@@ -130,7 +130,7 @@ class Trainer:
         # 1-2: prompts out, scored rollouts back
         batch, samples = self.rollouts.next(step, self.state.policy_version)
         # 3: advantages, log-probs, the update
-        update = self.actor.train_on(samples, off_policy=batch.off_policy)
+        update = self.actor.train_on(samples, off_policy=batch.off_policy, step=step)
         # 4: new weights to every rollout server, once the next step's generation (on these
         # weights) is done
         self.rollouts.settle()

@@ -3,22 +3,24 @@
 Names and formulas follow verl's ``verl/trainer/ppo/core_algos.py``, one concept per module:
 
 - ``advantages``: ``compute_advantages`` and the estimators grpo, rloo, reinforce_plus_plus,
-  reinforce_plus_plus_baseline, opo (``ADV_ESTIMATORS`` registry).
-- ``losses``: ``policy_loss`` with vanilla (dual-clip PPO, clip-higher) and gspo (``POLICY_LOSSES``).
+  reinforce_plus_plus_baseline, opo (``ADV_ESTIMATORS`` registry); PPO's GAE
+  (``compute_gae_advantage_return``), which needs the critic's values.
+- ``losses``: ``policy_loss`` with vanilla (dual-clip PPO, clip-higher) and gspo (``POLICY_LOSSES``);
+  the critic's clipped ``value_loss``.
 - ``aggregation``: ``aggregate_loss`` and ``LossNormalizer`` (exact gradient accumulation).
 - ``kl``: ``kl_penalty`` (k1, abs, k2, k3 and their ``+`` straight-through variants).
 - ``logprobs``: chunked ``logprobs_from_logits`` / ``entropy_from_logits``.
 
-DAPO's dynamic sampling is the trainer's loop (``Trainer._informative_groups``) and its overlong
+DAPO's dynamic sampling is the rollout source's (``RolloutSource._keep_informative_groups``) and its overlong
 shaping is scored with the reward on the rollout servers (``grpo_rollout.rewards.overlong``).
 """
 
-from .advantages import compute_advantages
+from .advantages import compute_advantages, compute_gae_advantage_return
 from .aggregation import LOSS_AGG_MODES, LossNormalizer, aggregate_loss, loss_denominator, loss_numerator
 from .groups import Groups
 from .kl import KL_TYPES, kl_penalty
 from .logprobs import entropy_from_logits, logprobs_from_logits
-from .losses import policy_loss
+from .losses import policy_loss, value_loss
 from .masked import masked_mean, masked_sum, masked_var, masked_whiten
 from .registry import (
     ADV_ESTIMATORS,
@@ -40,6 +42,7 @@ __all__ = [
     "Registry",
     "aggregate_loss",
     "compute_advantages",
+    "compute_gae_advantage_return",
     "entropy_from_logits",
     "get_adv_estimator_fn",
     "get_policy_loss_fn",
@@ -54,4 +57,5 @@ __all__ = [
     "policy_loss",
     "register_adv_est",
     "register_policy_loss",
+    "value_loss",
 ]

@@ -191,3 +191,37 @@ def compute_opo_outcome_advantage(
     baseline = torch.where(use_baseline, weighted / total_len.clamp(min=1), torch.zeros_like(scores))
     advantages = _broadcast(scores - baseline, response_mask)
     return advantages, advantages
+
+
+def compute_gae_advantage_return(
+    token_level_rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's generalized advantage estimation (verl's ``compute_gae_advantage_return``).
+
+    All ``[B, T]``; ``values[:, t]`` is the critic's value of the state before response token t.
+    Going back from the last token: ``delta_t = r_t + gamma * V_{t+1} - V_t`` and
+    ``A_t = delta_t + gamma * lam * A_{t+1}``, where a masked-out position (padding, or a tool's
+    tokens inside a response) passes the next value and advantage through unchanged. Returns are
+    ``A + V`` before whitening; the advantages are then whitened over the batch's response tokens.
+    Not a registered estimator: it needs the critic's values.
+    """
+    with torch.no_grad():
+        dtype = torch.promote_types(token_level_rewards.dtype, torch.float32)
+        rewards, values, mask = (x.detach().to(dtype) for x in (token_level_rewards, values, response_mask))
+        next_value = torch.zeros_like(rewards[:, 0])
+        last_gae = torch.zeros_like(rewards[:, 0])
+        advantages = torch.zeros_like(rewards)
+        for t in reversed(range(rewards.shape[1])):
+            delta = rewards[:, t] + gamma * next_value - values[:, t]
+            gae = delta + gamma * lam * last_gae
+            next_value = torch.where(mask[:, t].bool(), values[:, t], next_value)
+            last_gae = torch.where(mask[:, t].bool(), gae, last_gae)
+            advantages[:, t] = last_gae
+        returns = advantages + values
+        advantages = masked_whiten(advantages, mask) * mask
+    return advantages, returns * mask

@@ -168,3 +168,29 @@ def compute_policy_loss_gspo(
         **_clip_metrics(seq_ratio.detach(), advantages, response_mask, clip_ratio_low, clip_ratio_high),
     }
     return pg_losses, metrics
+
+
+def value_loss(
+    vpreds: torch.Tensor,
+    returns: torch.Tensor,
+    old_values: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    cliprange_value: float,
+    loss_agg_mode: str = "token-mean",
+    normalizer: LossNormalizer | None = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """PPO's clipped value loss (verl's ``compute_value_loss``): ``0.5 * agg(max((V - R)^2,
+    (clip(V, V_old - c, V_old + c) - R)^2))``, all ``[B, T]``; ``returns`` and ``old_values``
+    are constants. ``vf_clipfrac`` is the share of response tokens where the clipped term is the
+    larger. With a ``normalizer`` the loss is this micro-batch's share, as in ``policy_loss``."""
+    returns, old_values = returns.detach(), old_values.detach()
+    clipped = old_values + (vpreds - old_values).clamp(-cliprange_value, cliprange_value)
+    unclipped_loss, clipped_loss = (vpreds - returns) ** 2, (clipped - returns) ** 2
+    loss_mat = torch.maximum(unclipped_loss, clipped_loss)
+    if normalizer is None:
+        loss = aggregate_loss(loss_mat, response_mask, loss_agg_mode)
+    else:
+        loss = normalizer(loss_mat, response_mask)
+    clipfrac = masked_mean(torch.gt(clipped_loss, unclipped_loss).to(vpreds.dtype), response_mask)
+    return 0.5 * loss, {"vf_clipfrac": clipfrac.detach()}
