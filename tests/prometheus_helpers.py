@@ -13,12 +13,13 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+from polling import wait_until
 
 DASHBOARDS = Path(__file__).resolve().parents[1] / "charts" / "grpo-operator" / "dashboards"
 
@@ -38,17 +39,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 def substitute(expr: str, variables: dict[str, str]) -> str:

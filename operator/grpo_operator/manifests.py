@@ -1,5 +1,5 @@
 """The children of a GRPOJob as plain manifests (docs/ARCHITECTURE.md §4). Pure functions: no I/O, the same
-input always gives the same dict; handlers.py applies them.
+input always gives the same dict; the reconciler applies them (reconciler.Reconciler._act).
 
     <job>-spec      ConfigMap   the resolved spec; the pods read it at /etc/grpo/job.yaml
     <job>-rpc       Secret      the per-job gRPC token, TLS CA and server certificate, and

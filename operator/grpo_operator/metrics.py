@@ -7,8 +7,18 @@
     grpo_operator_transitions_total{namespace,phase}       jobs entering a phase
     grpo_operator_api_requests_total{verb,code}            the reconciler's Kubernetes API calls
                                                            (kopf's watches not included)
+    grpo_operator_resyncs_total                            resync passes completed (each one
+                                                           reconciles every known job)
 
 The dashboards (charts/grpo-operator/dashboards/operator.json) use exactly these names.
+
+A resync pass (reconciler.Reconciler.resync) requests a reconcile of every job known when it
+starts, reading progress.json, and is counted when it ends; `_count{trigger="resync"}` of the
+duration histogram counts those reconciles one per job instead, so it says nothing about a
+given job. Once grpo_operator_resyncs_total has grown by 2 since a moment T, a whole pass has
+run after T (the first may have been under way at T): every job has been reconciled since T,
+or, when a watch event's reconcile of the job was running at its turn, that one runs once more
+after it (reconciler.Reconciler.request). The control-plane tests wait on it instead of sleeping.
 
 The counters exist at 0 before their first increment (a series that appears only at its first
 increment has no data on the dashboard until then, and `rate`/`increase` miss that increment):
@@ -32,7 +42,8 @@ RECONCILE_ERRORS = "grpo_operator_reconcile_errors_total"
 RESTARTS = "grpo_operator_trainer_restarts_total"
 TRANSITIONS = "grpo_operator_transitions_total"
 API_REQUESTS = "grpo_operator_api_requests_total"
-METRIC_NAMES = (JOBS, RECONCILE_SECONDS, RECONCILE_ERRORS, RESTARTS, TRANSITIONS, API_REQUESTS)
+RESYNCS = "grpo_operator_resyncs_total"
+METRIC_NAMES = (JOBS, RECONCILE_SECONDS, RECONCILE_ERRORS, RESTARTS, TRANSITIONS, API_REQUESTS, RESYNCS)
 ERROR_KINDS = ("transient", "permanent", "bug")   # reconciler.Reconciler._timed's kinds
 
 
@@ -59,6 +70,9 @@ class OperatorMetrics:
         self.api_requests = Counter(
             API_REQUESTS, "Kubernetes API calls of the reconciler, by verb and HTTP status (0: no answer).",
             ["verb", "code"], registry=self.registry)
+        self.resyncs = Counter(
+            RESYNCS, "Resync passes completed; each reconciles every known GRPOJob, reading progress.json.",
+            registry=self.registry)
         self.registry.register(_PhaseCollector(self))
 
     def api_request(self, verb: str, code: int) -> None:

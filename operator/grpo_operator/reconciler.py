@@ -84,11 +84,13 @@ class Reconciler:
             raise
 
     def resync(self) -> None:
-        """Reconcile every known job, reading progress.json (the resync loop calls this)."""
+        """Reconcile every known job, reading progress.json (the resync loop calls this); counted
+        in grpo_operator_resyncs_total once done (metrics.py says what that count proves)."""
         with self._lock:
             keys = sorted(self._known)
         for namespace, name in keys:
             self.request(namespace, name, trigger="resync", read_progress=True)
+        self.metrics.resyncs.inc()
 
     def forget(self, namespace: str, name: str) -> None:
         key = (namespace, name)

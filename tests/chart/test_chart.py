@@ -23,7 +23,7 @@ def test_chart_crd_is_the_generated_crd():
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_helm_lint(helm, variant):
+def test_helm_lint_passes_strict(helm, variant):
     out = run(helm, "lint", "--strict", str(CHART), *VARIANTS[variant]).stdout
     assert "0 chart(s) failed" in out
 

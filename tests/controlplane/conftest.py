@@ -16,14 +16,26 @@ import pytest
 from .cluster import ControlPlane, default_bin_dir, missing_binaries
 
 
+def _not_built(msg: str) -> None:
+    """Skips the test, or fails it when GRPO_REQUIRE_CONTROLPLANE is set."""
+    if os.environ.get("GRPO_REQUIRE_CONTROLPLANE"):
+        pytest.fail(f"{msg} (GRPO_REQUIRE_CONTROLPLANE is set)", pytrace=False)
+    pytest.skip(msg)
+
+
+def helm_bin() -> str:
+    """helm, built by scripts/build-controlplane.sh next to the control plane's binaries."""
+    helm = default_bin_dir() / "helm"
+    if not os.access(helm, os.X_OK):
+        _not_built(f"{helm} not built; run scripts/build-controlplane.sh")
+    return str(helm)
+
+
 @pytest.fixture(scope="session")
 def control_plane():
     missing = missing_binaries()
     if missing:
-        msg = f"control plane {missing} not in {default_bin_dir()}; run scripts/build-controlplane.sh"
-        if os.environ.get("GRPO_REQUIRE_CONTROLPLANE"):
-            pytest.fail(f"{msg} (GRPO_REQUIRE_CONTROLPLANE is set)", pytrace=False)
-        pytest.skip(msg)
+        _not_built(f"control plane {missing} not in {default_bin_dir()}; run scripts/build-controlplane.sh")
     cp = ControlPlane().start()
     try:
         yield cp

@@ -6,13 +6,14 @@ schema validation, real Job controller, real garbage collection, real RBAC.
 
 import copy
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+
+from polling import wait_until
 
 from .cluster import retry
 
@@ -25,14 +26,7 @@ GROUP, VERSION, PLURAL = "grpo.dev", "v1alpha1", "grpojobs"
 
 def eventually(check, timeout=60.0, interval=0.5, what="condition"):
     """Polls check() until it returns something truthy; controllers act asynchronously."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+    return wait_until(check, timeout, interval, what)
 
 
 def kubectl(kubectl_bin, control_plane, *args, check=True):

@@ -54,7 +54,7 @@ def cluster(tmp_path_factory):
     if os.geteuid() != 0:
         _missing("the e2e node needs root (network namespaces, cgroups, mounts)")
     bins = e2e_bin_dir()
-    absent = [b for b in node_binaries() if not os.access(bins / b, os.X_OK)]
+    absent = [b for b in (*node_binaries(), "helm") if not os.access(bins / b, os.X_OK)]
     if absent:
         _missing(f"{absent} not in {bins}; run scripts/build-controlplane.sh")
     # scripts/build-s3.sh's binary (not imported from tests/conftest.py: in a full run, the

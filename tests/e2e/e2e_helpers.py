@@ -10,13 +10,14 @@ import secrets
 import statistics
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 import pytest
+
+from polling import wait_until
 
 from .node import Node
 
@@ -62,25 +63,9 @@ class Cluster:
 def wait_for(what: str, check, timeout: float, interval: float = 2.0, diagnose=None):
     """Polls `check()` until it returns something truthy; fails with `what`, the last value and
     `diagnose()` (e.g. kubectl describe) after `timeout` seconds. The machine is loaded: every
-    test waits for a state to converge, never asserts once on a race."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while True:
-        try:
-            last = check()
-            if last:
-                return last
-        except AssertionError as e:      # a kubectl that failed: retry, keep the reason
-            last = e
-        if time.monotonic() > deadline:
-            extra = ""
-            if diagnose:
-                try:
-                    extra = diagnose()
-                except Exception as e:  # noqa: BLE001 - diagnostics must not hide the failure
-                    extra = f"(diagnose failed: {e})"
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}\n{extra}", pytrace=False)
-        time.sleep(interval)
+    test waits for a state to converge, never asserts once on a race. An AssertionError from
+    `check` (a kubectl that failed) counts as "not yet"; the last one is reported."""
+    return wait_until(check, timeout, interval, what, retry_on=(AssertionError,), diagnose=diagnose)
 
 
 MODELS_MOUNT = "/models"

@@ -9,7 +9,7 @@ Covered elsewhere, not repeated here: calls without / with a wrong token are UNA
 only in the Secret, never in the spec ConfigMap or another child
 (tests/operator/test_operator_manifests.py::test_secrets_only_in_the_secret_and_each_role_gets_its_own); pods are non-root
 without privilege escalation (…::test_pods_are_locked_down); the NetworkPolicy
-(…::test_network_policy); the chart's RBAC rules are exactly the operator's calls
+(…::test_rollout_network_policy_admits_the_trainer_scrapers_and_nccl_peers); the chart's RBAC rules are exactly the operator's calls
 (tests/chart/test_chart.py::test_rbac_is_least_privilege).
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -26,6 +25,7 @@ import grpc
 import pytest
 import yaml
 
+from controlplane.conftest import helm_bin
 from faults_helpers import Hold, S3Process
 from grpo_api.proto import rollout_pb2 as pb
 from grpo_api.proto.rollout_pb2_grpc import RolloutStub
@@ -162,17 +162,6 @@ def _environ(pid: int) -> dict[str, str]:
 
 # --- the operator's ServiceAccount, with the chart's RBAC, on a real API server ------------------------
 
-def _helm() -> str:
-    from controlplane.cluster import default_bin_dir
-    helm = default_bin_dir() / "helm"
-    if not os.access(helm, os.X_OK):
-        msg = f"{helm} not built; run scripts/build-controlplane.sh"
-        if os.environ.get("GRPO_REQUIRE_CONTROLPLANE"):
-            pytest.fail(msg, pytrace=False)
-        pytest.skip(msg)
-    return str(helm)
-
-
 @pytest.mark.controlplane
 def test_the_operator_service_account_is_denied_what_it_does_not_need(control_plane, kubectl_bin, admin_client,
                                                                        grpojob_crd):
@@ -180,7 +169,7 @@ def test_the_operator_service_account_is_denied_what_it_does_not_need(control_pl
     from kubernetes.client.rest import ApiException
 
     ns, release = "grpo-faults-system", "faults"
-    rbac = subprocess.run([_helm(), "template", release, str(REPO / "charts" / "grpo-operator"), "--namespace", ns,
+    rbac = subprocess.run([helm_bin(), "template", release, str(REPO / "charts" / "grpo-operator"), "--namespace", ns,
                            "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml"],
                           capture_output=True, text=True, check=True, timeout=60).stdout
     core = client.CoreV1Api(admin_client)

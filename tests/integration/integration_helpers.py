@@ -20,11 +20,12 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from polling import wait_until  # noqa: F401 - the integration and fault tests import it from here
 
 READY_PREFIX = "GRPO_ROLLOUT_READY "  # grpo_rollout.serve's ready line (the wire contract)
 REPO = Path(__file__).resolve().parents[2]
@@ -268,17 +269,6 @@ def port_in_use(port: int) -> bool:
         except OSError:
             return True
     return False
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 # --- `grpo run` -----------------------------------------------------------------------------------

@@ -7,13 +7,11 @@ import json
 import secrets
 import socket
 import subprocess
-import time
 from typing import Any
-
-import pytest
 
 from grpo_api.jobfile import parse_job
 from grpo_api.spec import GRPOJob
+from polling import wait_until
 
 GROUP, VERSION, PLURAL = "grpo.dev", "v1alpha1", "grpojobs"
 UID = "0b1c2d3e-0000-4000-8000-000000000001"
@@ -56,14 +54,8 @@ def kubectl(kubectl_bin, cp, *args, stdin: str | None = None, check=True):
 
 
 def eventually(check, timeout=30.0, interval=0.2, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+    """Polls check() until it returns something truthy (polling.wait_until)."""
+    return wait_until(check, timeout, interval, what)
 
 
 def free_port() -> int:

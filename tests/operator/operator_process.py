@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.cluster import default_bin_dir
+from controlplane.conftest import helm_bin
+from grpo_operator.metrics import RESYNCS
 from operator_helpers import eventually, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,16 +26,6 @@ SERVICE_ACCOUNT = f"{RELEASE}-grpo-operator"
 MONITORING_CRDS = REPO / "tests" / "chart" / "monitoring-crds.yaml"
 POD_GROUP_CRD = REPO / "tests" / "operator" / "crds" / "scheduler-plugins-podgroup.yaml"
 KUEUE_WORKLOAD_CRD = REPO / "tests" / "operator" / "crds" / "kueue-workload.yaml"
-
-
-def helm_bin() -> str:
-    helm = default_bin_dir() / "helm"
-    if not os.access(helm, os.X_OK):
-        msg = f"{helm} not built; run scripts/build-controlplane.sh"
-        if os.environ.get("GRPO_REQUIRE_CONTROLPLANE"):
-            pytest.fail(msg, pytrace=False)
-        pytest.skip(msg)
-    return str(helm)
 
 
 def render_rbac(*set_values: str, release: str = RELEASE) -> str:
@@ -101,6 +93,32 @@ class OperatorProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)
             self.proc.wait(30)
+
+    def pause(self) -> None:
+        """SIGSTOP: the operator does nothing until resume(); the API server queues its watch events."""
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+
+    def resyncs(self) -> int:
+        """Resync passes this operator process has completed (grpo_operator_resyncs_total)."""
+        found = re.search(rf"^{RESYNCS} (\S+)$", self.metrics(), re.MULTILINE)
+        assert found, f"no {RESYNCS} in the operator's metrics"
+        return int(float(found.group(1)))
+
+    def wait_for_resyncs(self, passes: int = 2, timeout: float = 60) -> None:
+        """Returns once `passes` (>= 2) resync passes have completed after this call. The first
+        may have started before the call; the second started after the first ended, so it
+        reconciled every job after whatever the caller did before calling (metrics.py: a job
+        whose reconcile a watch event was running gets its run from that one instead; the
+        tests call this on jobs nothing happens to any more). Instead of sleeping "long enough",
+        which on a loaded machine may be shorter than one resync."""
+        assert passes >= 2, "the pass under way at the call may have read the state before the change"
+        since = self.resyncs()
+        eventually(lambda: self.resyncs() >= since + passes, timeout=timeout, interval=0.1,
+                   what=f"{passes} resync passes after pass {since}")
 
     def logs(self) -> str:
         return "".join((self.workdir / f"operator-{i}.log").read_text(errors="replace")

@@ -278,8 +278,8 @@ def test_trainer_failure_restarts_then_fails_after_backoff_limit(k, control_plan
     assert (wide[0]["PHASE"], wide[0]["RESTARTS"], wide[0]["REASON"]) == ("Failed", "1", "BackoffLimitExceeded")
 
 
-def test_success_scales_rollout_to_zero_then_ttl_deletes_the_job(k):
-    k.create(**{"runPolicy.ttlSecondsAfterFinished": 8})
+def test_success_scales_rollout_to_zero_then_ttl_deletes_the_job(k, operator):
+    k.create(**{"runPolicy.ttlSecondsAfterFinished": 12})
     k.run_all()
     k.wait_phase("Running")
     write_progress(k.storage_root, k.ns, "demo", step=10, totalSteps=10, rewardMean=0.75)
@@ -290,8 +290,10 @@ def test_success_scales_rollout_to_zero_then_ttl_deletes_the_job(k):
     assert st["progress"]["step"] == 10                      # the final step's numbers
     eventually(lambda: k.deployment().spec.replicas == 0, what="rollout scaled to zero")
     write_progress(k.storage_root, k.ns, "demo", step=99)
-    time.sleep(2)                                            # resyncs: a finished job's progress stays
-    assert k.status()["progress"]["step"] == 10
+    operator.wait_for_resyncs()                              # resyncs ran: a finished job's progress stays
+    st = k.status()
+    assert st, "the TTL deleted the job before two resyncs ran: raise ttlSecondsAfterFinished"
+    assert st["progress"]["step"] == 10
     eventually(lambda: k.get() is None, timeout=30, what="the TTL to delete the GRPOJob")
     eventually(lambda: not any(k.children().values()), timeout=30, what=f"the garbage collector ({k.children()})")
 
@@ -305,7 +307,7 @@ def test_progress_the_operator_cannot_read_is_a_condition_not_a_log_line_per_res
     assert c["reason"] == "StorageUnreadable" and "AWS_ACCESS_KEY_ID" in c["message"]
     assert "operator.storageCredentialsSecret" in c["message"]
     assert k.wait_event("ProgressUnreadable").type == "Warning"
-    time.sleep(4)                                            # a few resyncs (every second here)
+    operator.wait_for_resyncs(3)                             # a few resyncs, each reading progress
     logged = [ln for ln in operator.logs().splitlines() if f"{k.ns}/demo: can't read progress" in ln]
     assert len(logged) == 1, logged
     assert [e.reason for e in k.events()].count("ProgressUnreadable") == 1
@@ -409,37 +411,63 @@ def test_delete_garbage_collects_every_child(k):
     # (a missing storage.uri is refused by the API server now: tests/faults/test_bad_input_crd.py)
     ({"trainer.template": {"spec": {"hostNetwork": True}}}, "spec.trainer.template.spec.hostNetwork"),
 ])
-def test_invalid_job_creates_nothing(k, changes, field):
+def test_invalid_job_creates_nothing(k, operator, changes, field):
     k.create(**changes)
     st = k.wait_phase("Failed")
     invalid = k.condition("Invalid")
     assert invalid["status"] == "True" and invalid["reason"] == "InvalidSpec" and invalid["message"].startswith(field)
     assert k.wait_event("InvalidSpec").type == "Warning"
-    time.sleep(2)   # a few resyncs: still nothing
+    operator.wait_for_resyncs()   # resyncs ran: still nothing
     assert not any(k.children().values()) and not k.pods()
     assert st["completionTime"]
 
 
+def made_so_far(k) -> tuple[set[str], set[str]]:
+    """The namespace's jobs that have their token Secret (the first thing a new job's reconcile
+    creates, reconciler.Reconciler._act), and those that have their trainer Job (the last)."""
+    sel = "grpo.dev/job"
+    secrets = {s.metadata.labels[sel] for s in k.core.list_namespaced_secret(k.ns, label_selector=sel).items}
+    trainers = {j.metadata.labels[sel] for j in k.batch.list_namespaced_job(k.ns, label_selector=sel).items}
+    return secrets, trainers
+
+
+def stop_mid_reconcile(k, operator, names) -> set[str]:
+    """Lets the paused operator run in 10 ms steps until some job has its first child but not
+    its last, and returns those jobs, with the operator stopped (SIGSTOP) right there."""
+    def step():
+        operator.resume()
+        time.sleep(0.01)
+        operator.pause()
+        time.sleep(0.05)                   # the API calls it had sent land
+        secrets, trainers = made_so_far(k)
+        if not secrets - trainers and trainers >= set(names):
+            pytest.fail(f"every job was done within one step, none seen part-way: {trainers}")
+        return secrets - trainers
+    return eventually(step, timeout=60, interval=0, what="a job with its Secret but no trainer Job yet")
+
+
 def test_operator_killed_mid_reconcile_leaves_no_duplicates(k, operator):
+    """SIGKILL while a job's first reconcile is part-way (its Secret made, its trainer Job not
+    yet): the restarted operator finishes it and the others, and nothing exists twice."""
     names = ["a", "b", "c"]
-    for n in names:
-        k.create(n)
-    time.sleep(0.4)
-    operator.kill(signal.SIGKILL)          # somewhere in the first reconciles
-    operator.start()
-    time.sleep(0.7)
-    tokens = {}
-    for n in names:
-        try:
-            tokens[n] = k.core.read_namespaced_secret(f"{n}-rpc", k.ns).data
-        except ApiException:
-            pass
-    operator.kill(signal.SIGKILL)
+    operator.pause()                       # the jobs' events wait until stop_mid_reconcile steps
+    try:
+        for n in names:
+            k.create(n)
+        part_way = stop_mid_reconcile(k, operator, names)
+        secrets, _ = made_so_far(k)
+        # The token, certificate and checkpoint key handed out so far: a running pod would hold them.
+        tokens = {n: k.core.read_namespaced_secret(f"{n}-rpc", k.ns).data for n in secrets}
+    except BaseException:
+        operator.resume()                  # the other tests' operator
+        raise
+    operator.kill(signal.SIGKILL)          # stopped, so exactly there
+    assert part_way <= set(tokens)
     operator.start()
     for n in names:
         eventually(lambda: all(k.children(n).values()), what=f"{n}'s children")
         k.trainer_pods(n)
-    time.sleep(3)                          # let resyncs run: nothing must change any more
+    operator.wait_for_resyncs()            # resyncs ran since: nothing changes any more
     for n in names:
         kids = k.children(n)
         assert {kind: len(objs) for kind, objs in kids.items()} == {
@@ -450,7 +478,7 @@ def test_operator_killed_mid_reconcile_leaves_no_duplicates(k, operator):
         assert len(rs) == 1
         assert len(k.trainer_pods(n)) == 2
         if n in tokens:   # the token, certificate and checkpoint key a running pod holds stay valid
-            assert k.core.read_namespaced_secret(f"{n}-rpc", k.ns).data == tokens[n]
+            assert k.core.read_namespaced_secret(f"{n}-rpc", k.ns).data == tokens[n], n
         st = k.status(n)
         assert st["phase"] == "Pending" and st["restarts"] == 0
         assert k.trainer_job(n).metadata.labels["grpo.dev/attempt"] == "0"
@@ -459,12 +487,14 @@ def test_operator_killed_mid_reconcile_leaves_no_duplicates(k, operator):
         assert [e.reason for e in k.events(n)].count("TrainerCreated") <= 1
 
 
-def test_operator_metrics_and_liveness(operator, k):
+def test_operator_exports_its_metrics_and_reports_healthy(operator, k):
     k.create()
     k.wait_phase("Pending")
     text = eventually(lambda: 'grpo_operator_jobs{namespace="%s",phase="Pending"} 1.0' % k.ns in (t := operator.metrics())
                       and t, what="the job in the operator's metrics")
     assert "grpo_operator_reconcile_duration_seconds_count" in text
+    before = operator.resyncs()
+    eventually(lambda: operator.resyncs() > before, what="the resync loop to count a pass")
     assert operator.healthy()
 
 

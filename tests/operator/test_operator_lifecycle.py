@@ -155,7 +155,7 @@ def test_pending_clock_restarts_once_pods_run():
     assert d.status.phase == Phase.Running
 
 
-def test_active_deadline():
+def test_active_deadline_fails_a_running_job():
     j = job(**{"runPolicy.activeDeadlineSeconds": 3600})
     st = status(phase=Phase.Running, observed_generation=1, start_time=fmt_time(T0))
     assert step(j, st, now=T0 + timedelta(seconds=3599), trainer=TrainerJob(0), pods=RUNNING,
@@ -209,7 +209,7 @@ def test_progress_is_copied_and_kept():
     ([{"type": "Failed", "status": "True", "reason": "PodFailurePolicy", "message": "m"}], "failed", "PodFailurePolicy"),
     ([{"type": "Failed", "status": "False"}], "active", ""),
 ])
-def test_trainer_job_state(conditions, outcome, reason):
+def test_trainer_job_state_reads_the_attempt_and_outcome(conditions, outcome, reason):
     t = lifecycle.trainer_job_state({"metadata": {"labels": {"grpo.dev/attempt": "3"}},
                                      "status": {"conditions": conditions}})
     assert (t.attempt, t.outcome, t.reason, t.deleting) == (3, outcome, reason, False)
@@ -226,7 +226,7 @@ def _pod(name, role, phase="Pending", attempt="0", waiting=None, unschedulable=N
             "status": status}
 
 
-def test_pods_view():
+def test_pods_view_counts_running_pods_and_lists_plain_pending_last():
     v = pods.view([
         _pod("t-old", "trainer", phase="Failed", attempt="0"),
         _pod("t-0", "trainer", phase="Running", attempt="1"),

@@ -26,7 +26,7 @@ def all_children(j=None):
             manifests.build_rollout_deployment(j, S)]
 
 
-def test_golden_children():
+def test_children_match_the_golden_manifests():
     children = all_children()
     # The spec's YAML is grpo_api's (dump_job); the ConfigMap test below checks what matters here.
     children[0]["data"]["job.yaml"] = "<dump_job(job)>"
@@ -254,7 +254,7 @@ def test_pods_are_locked_down(build):
     assert pod["containers"][0]["imagePullPolicy"] == "IfNotPresent"
 
 
-def test_rollout_deployment():
+def test_rollout_deployment_runs_the_server_on_the_jobs_gpus():
     d = manifests.build_rollout_deployment(job(), S)
     assert d["spec"]["replicas"] == 2
     assert manifests.build_rollout_deployment(job(), S, replicas=0)["spec"]["replicas"] == 0
@@ -279,7 +279,7 @@ def test_services_are_headless():
     assert {p["port"] for p in rollout["ports"]} == {50051, 9090}
 
 
-def test_network_policy():
+def test_rollout_network_policy_admits_the_trainer_scrapers_and_nccl_peers():
     spec = manifests.build_network_policy(job(), S)["spec"]
     assert spec["podSelector"]["matchLabels"] == {"grpo.dev/job": "demo", "grpo.dev/role": "rollout"}
     grpc, metrics, nccl = spec["ingress"]

@@ -109,7 +109,7 @@ def test_read_progress_from_file_storage(tmp_path):
     assert (p.step, p.total_steps, p.reward_mean, error) == (7, 9, 0.25, None)
 
 
-def test_metrics_names_and_phases():
+def test_metrics_export_every_name_and_count_jobs_by_phase():
     m = OperatorMetrics()
     m.set_phase("a", "j1", "Pending")
     m.set_phase("a", "j1", "Running")
@@ -169,3 +169,26 @@ def test_reconciles_of_one_job_never_overlap_and_requests_coalesce():
     assert r.calls == [("a", False), ("a", True)]
     r.request("ns", "b", trigger="grpojob")
     assert r.calls[-1] == ("b", False)
+
+
+def test_a_resync_pass_is_counted_after_it_reconciled_every_known_job():
+    from grpo_operator.reconciler import Reconciler
+
+    class Probe(Reconciler):
+        def __init__(self):
+            super().__init__(kube=None, settings=OperatorSettings(), metrics=OperatorMetrics(), env={})
+            self.calls = []
+
+        def reconcile(self, namespace, name, *, read_progress=False):
+            passes = self.metrics.registry.get_sample_value("grpo_operator_resyncs_total")
+            self.calls.append((name, read_progress, passes))
+
+    r = Probe()
+    assert r.metrics.registry.get_sample_value("grpo_operator_resyncs_total") == 0
+    r.request("ns", "b", trigger="grpojob")
+    r.request("ns", "a", trigger="pod")
+    r.calls.clear()
+    r.resync()
+    # Each known job reconciled, reading progress, before the pass is counted.
+    assert r.calls == [("a", True, 0), ("b", True, 0)]
+    assert r.metrics.registry.get_sample_value("grpo_operator_resyncs_total") == 1

@@ -10,13 +10,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 import yaml
 
+import polling
 from grpo_api.records import PROMPT_SCHEMA
 
 READY_PREFIX = "GRPO_ROLLOUT_READY "  # grpo_rollout.serve.READY_PREFIX (not imported: it's the wire contract)
@@ -151,9 +151,5 @@ def start_server(tmp_path: Path, model: Path, token: str, worker_id: str = "w0",
     return RolloutProcess(job, tmp_path / f"{worker_id}.log", token, worker_id=worker_id, env=env)
 
 
-def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        time.sleep(interval)
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
+    return polling.wait_until(predicate, timeout, interval, what)
