@@ -4,7 +4,7 @@
 (`grpo from-verl --markdown-table` prints it, and a test fails when the two drift). A rule is:
 
 - `Map`: the key sets a GRPOJob field, through an optional converter that can refuse a value
-  (`algorithm.adv_estimator=gae`) or warn. `absent` is verl's default, written when the input
+  (`algorithm.adv_estimator=remax`) or warn. `absent` is verl's default, written when the input
   leaves the key out and verl's default differs from ours: the job is the one verl would run.
 - `Ignore`: the key has no meaning here (verl performance and infrastructure knobs); a warning.
 - `Check`: the key sets nothing itself but is read; its converter may warn or refuse.
@@ -75,6 +75,7 @@ _VERL_DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.actor.use_dynamic_bsz": False, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 16384,
     "actor_rollout_ref.actor.optim.lr_warmup_steps": -1, "actor_rollout_ref.rollout.val_kwargs.do_sample": False,
     "custom_reward_function.name": "compute_score", "trainer.resume_mode": "auto",
+    "critic.use_dynamic_bsz": False, "critic.optim.lr_warmup_steps": -1,
 }
 
 
@@ -230,11 +231,48 @@ def _warmup_steps(value, ctx):
     return SKIP if value is None or value < 0 else value          # verl: -1 = use the ratio
 
 
-def _warmup_ratio(value, ctx):
-    if not value or ctx.get("actor_rollout_ref.actor.optim.lr_warmup_steps") >= 0:
+def _warmup_ratio(steps_key: str):
+    def convert(value, ctx):
+        if not value or ctx.get(steps_key) >= 0:
+            return SKIP
+        raise Unsupported(f"a warmup ratio needs the run's total steps, which depend on the dataset size; set "
+                          f"{steps_key}=N instead (N = ratio x total steps)")
+    return convert
+
+
+def _critic_enable(value, ctx):
+    gae = ctx.get("algorithm.adv_estimator") == "gae"
+    if value is False and gae:
+        raise Unsupported("adv_estimator=gae needs the critic: its values make the advantages")
+    if value and not gae:
+        ctx.warn("no critic is trained: only adv_estimator=gae uses one")
+    return SKIP
+
+
+def _critic_path(value, ctx):
+    # The policy's model is the critic's default here: say it only when it differs.
+    return SKIP if value == ctx.flat.get("actor_rollout_ref.model.path") else value
+
+
+def _critic_token_budget(value, ctx):
+    if not ctx.get("critic.use_dynamic_bsz"):
+        ctx.warn("ignored, as verl ignores it without critic.use_dynamic_bsz=True")
         return SKIP
-    raise Unsupported("a warmup ratio needs the run's total steps, which depend on the dataset size; set "
-                      "actor_rollout_ref.actor.optim.lr_warmup_steps=N instead (N = ratio x total steps)")
+    return value
+
+
+def _same_as_actor(actor_key: str, verl_default, what: str):
+    def convert(value, ctx):
+        actor = ctx.flat.get(actor_key)
+        if value != (verl_default if actor is None else actor):
+            ctx.warn(f"the critic trains on the policy's {what} here ({actor_key})")
+        return SKIP
+    return convert
+
+
+def _critic_warmup(value, ctx):
+    # verl updates the actor once critic_warmup <= its 1-based step: the first N-1 steps train the critic only.
+    return max(int(value or 0) - 1, 0)
 
 
 # verl's trackers that have no counterpart here: their metrics go to TensorBoard instead.
@@ -304,7 +342,6 @@ _DTYPE = _choice({"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float1
                   "half": "float16", "float32": "float32", "fp32": "float32", "float": "float32"}, what="dtype")
 _ESTIMATORS = {e.value: e.value for e in AdvEstimator}
 _POLICY_LOSSES = {name: name for name in typing.get_args(PolicyLoss)}
-_CRITIC = "there is no critic here (GRPO-family estimators need none)"
 _VLLM_KNOB = "a vLLM engine setting verl passes through; the rollout servers manage their own"
 _OFFLOAD = "FSDP2 offload/sharding tuning of verl's workers; the trainer shards with FSDP2 on its own terms"
 _MICRO_LOGPROB = ("log-prob micro-batching of verl's workers; log-probs here use trainer.microBatchSizePerGPU / "
@@ -315,8 +352,7 @@ _SPEED = "a verl kernel/speed setting with no effect on the result; not needed h
 RULES: tuple[Rule, ...] = (
     # algorithm
     Map("algorithm.adv_estimator", "algorithm.advEstimator", "grpo, rloo, reinforce_plus_plus(_baseline), opo; "
-        "gae is an error", _choice(_ESTIMATORS, {"gae": "gae (PPO) needs a critic, which this operator doesn't "
-        "train; use grpo (or rloo, reinforce_plus_plus)", "remax": "remax is not supported; use rloo or grpo"},
+        "gae (PPO, with the critic)", _choice(_ESTIMATORS, {"remax": "remax is not supported; use rloo or grpo"},
         "advantage estimator"), absent="gae"),
     Map("algorithm.norm_adv_by_std_in_grpo", "algorithm.normAdvByStd", "false + seq-mean-token-sum-norm = Dr.GRPO"),
     Map("algorithm.gamma", "algorithm.gamma"),
@@ -327,7 +363,7 @@ RULES: tuple[Rule, ...] = (
            "actor_rollout_ref.actor.use_kl_loss=True (the GRPO way)", ok=(False,)),
     Ignore("algorithm.kl_ctrl.*", "only used with use_kl_in_reward, which is off"),
     Ignore("algorithm.kl_penalty", "only used with use_kl_in_reward, which is off"),
-    Ignore("algorithm.lam", "GAE's lambda; no GAE here"),
+    Map("algorithm.lam", "algorithm.lam", "GAE's lambda"),
     Refuse("algorithm.use_pf_ppo", "preference-feedback PPO reweighting is not supported", ok=(False,)),
     Ignore("algorithm.pf_ppo.*", "only used with use_pf_ppo, which is off"),
     Ignore("algorithm.rollout_correction.*", "no separate correction: with rollout.maxStaleness 1 the PPO ratio "
@@ -423,7 +459,7 @@ RULES: tuple[Rule, ...] = (
     Map("actor_rollout_ref.actor.optim.lr_warmup_steps", "trainer.lrWarmupSteps", "-1 (use the ratio) = 0",
         _warmup_steps),
     Map("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", "trainer.lrWarmupSteps", "non-zero is an error: "
-        "give steps", _warmup_ratio),
+        "give steps", _warmup_ratio("actor_rollout_ref.actor.optim.lr_warmup_steps")),
     Map("actor_rollout_ref.actor.optim.weight_decay", "trainer.weightDecay"),
     Map("actor_rollout_ref.actor.optim.lr_scheduler_type", "trainer.lrScheduler", "constant, cosine",
         _choice({"constant": "constant", "cosine": "cosine"}, what="LR schedule")),
@@ -508,9 +544,36 @@ RULES: tuple[Rule, ...] = (
     Ignore("reward_model.reward_kwargs.overlong_buffer_cfg.log", "overlong-reward logging is not a setting here"),
     Refuse("reward_model.sandbox_fusion.url", "code-execution sandboxes are not supported", ok=(None,)),
     Ignore("reward_model.*", "reward-model settings; model-based rewards are off"),
-    # critic
-    Refuse("critic.enable", _CRITIC, ok=(False, None)),
-    Ignore("critic.*", _CRITIC + "; verl reads these only with adv_estimator=gae"),
+    # critic (used with adv_estimator=gae only, as in verl)
+    Check("critic.enable", "null: a critic exactly with gae; false with gae is an error", _critic_enable),
+    Refuse("critic.strategy", "the critic is FSDP2 only (no Megatron)", ok=("fsdp", "fsdp2", None)),
+    Map("critic.model.path", "critic.modelPath", "the policy's path is the default", _critic_path),
+    Map("critic.model.enable_gradient_checkpointing", "critic.gradientCheckpointing"),
+    Refuse("critic.model.lora_rank", "LoRA is not supported", ok=(0, None)),
+    Ignore("critic.model.tokenizer_path", "the critic reads the policy's tokens (one tokenizer)"),
+    Ignore("critic.model.*", _OFFLOAD),
+    Map("critic.optim.lr", "critic.lr"),
+    Map("critic.optim.lr_warmup_steps", "critic.lrWarmupSteps", "-1 (use the ratio) = 0", _warmup_steps),
+    Map("critic.optim.lr_warmup_steps_ratio", "critic.lrWarmupSteps", "non-zero is an error: give steps",
+        _warmup_ratio("critic.optim.lr_warmup_steps")),
+    Map("critic.optim.weight_decay", "critic.weightDecay"),
+    Map("critic.optim.lr_scheduler_type", "critic.lrScheduler", "constant, cosine",
+        _choice({"constant": "constant", "cosine": "cosine"}, what="LR schedule")),
+    Map("critic.optim.warmup_style", "critic.lrScheduler", "older name of lr_scheduler_type",
+        _choice({"constant": "constant", "cosine": "cosine", "None": SKIP}, what="LR schedule")),
+    Map("critic.optim.clip_grad", "critic.gradClip"),
+    Ignore("critic.optim.*", "a verl optimizer-implementation setting (AdamW here)"),
+    Map("critic.grad_clip", "critic.gradClip"),
+    Map("critic.cliprange_value", "critic.cliprangeValue"),
+    Map("critic.ppo_epochs", "critic.ppoEpochs"),
+    Map("critic.ppo_micro_batch_size_per_gpu", "critic.microBatchSizePerGPU"),
+    Map("critic.ppo_max_token_len_per_gpu", "critic.maxTokensPerGPU", "only when critic.use_dynamic_bsz=True",
+        _critic_token_budget),
+    Check("critic.ppo_mini_batch_size", "a warning unless the actor's", _same_as_actor(
+        "actor_rollout_ref.actor.ppo_mini_batch_size", 256, "mini-batches")),
+    Check("critic.loss_agg_mode", "a warning unless the actor's", _same_as_actor(
+        "actor_rollout_ref.actor.loss_agg_mode", "token-mean", "loss aggregation")),
+    Ignore("critic.*", "a verl critic-worker setting with no counterpart here"),
     # trainer
     Map("trainer.project_name", "trainer.projectName", absent="verl_examples"),
     Map("trainer.experiment_name", "trainer.experimentName", absent="gsm8k"),
@@ -535,12 +598,13 @@ RULES: tuple[Rule, ...] = (
     Refuse("trainer.resume_from_checkpoint", "not a verl key (see trainer.resume_from_path): this job resumes "
            "from its own latest checkpoint (resume: auto); for a verl checkpoint, merge it into a Hugging Face "
            "model and use it as actor_rollout_ref.model.path", ok=(None,)),
-    Refuse("trainer.critic_warmup", _CRITIC + "; a warm-up would only delay the actor", ok=(0, None)),
+    Map("trainer.critic_warmup", "trainer.criticWarmup", "N here = verl's N - 1 (verl's step count starts at "
+        "1)", _critic_warmup),
     Refuse("trainer.val_only", "validation-only runs are not supported", ok=(False, None)),
     Ignore("trainer.default_local_dir", "checkpoints go under spec.storage.uri/<namespace>/<job>/checkpoints"),
     Ignore("trainer.default_hdfs_dir", "checkpoints go under spec.storage.uri (file:// or s3://)"),
     Ignore("trainer.balance_batch", "micro-batches are formed from length-sorted samples here"),
-    Ignore("trainer.max_critic_ckpt_to_keep", _CRITIC),
+    Ignore("trainer.max_critic_ckpt_to_keep", "the critic is in the job's checkpoints (trainer.keepCheckpoints)"),
     Ignore("trainer.*", "a verl trainer setting with no counterpart here"),
     # infrastructure
     Ignore("ray_kwargs.*", "no Ray here: pods on Kubernetes, processes locally"),

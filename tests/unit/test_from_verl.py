@@ -376,9 +376,8 @@ def test_keys_with_no_meaning_here_are_warnings(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("algorithm.adv_estimator=gae", "algorithm.adv_estimator='gae': gae (PPO) needs a critic"),
-    ("critic.enable=True", "critic.enable=True: there is no critic here"),
-    ("critic.optim.lr=1e-5 trainer.critic_warmup=5", "trainer.critic_warmup=5: there is no critic here"),
+    ("algorithm.adv_estimator=gae critic.enable=False", "critic.enable=False: adv_estimator=gae needs the critic"),
+    ("algorithm.adv_estimator=gae critic.optim.lr_warmup_steps_ratio=0.1", "set critic.optim.lr_warmup_steps=N"),
     ("actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.name='sglang': SGLang rollout is not "
                                                "supported; use vllm"),
     ("reward_model.enable=True reward_model.model.path=Skywork/RM", "reward_model.enable=True: model-based "
@@ -407,11 +406,41 @@ def test_features_we_do_not_have_are_errors(override, message, tmp_path, monkeyp
     assert "not translated" in err and not out_file.exists() and out == ""
 
 
-def test_missing_adv_estimator_is_verls_gae():
+def test_the_tutorials_command_without_its_grpo_line_is_ppo_with_a_critic():
+    """"Add this one line to the PPO command you already have": without it, verl's default, gae."""
     t = translate(read_command(BASE.replace("algorithm.adv_estimator=grpo ", "")))
-    assert t.errors == ["algorithm.adv_estimator (not set: verl's default 'gae'): gae (PPO) needs a critic, "
-                        "which this operator doesn't train; use grpo (or rloo, reinforce_plus_plus)"]
-    assert t.doc is None and t.job is None
+    assert t.errors == []
+    spec = t.job.spec
+    assert spec.algorithm.adv_estimator.value == "gae" and (spec.algorithm.gamma, spec.algorithm.lam) == (1.0, 1.0)
+    assert spec.critic.model_path is None and spec.critic.lr == 1e-5 and spec.critic.cliprange_value == 0.5
+
+
+VERL_PPO_EXAMPLE = """python3 -m verl.trainer.main_ppo algorithm.adv_estimator=gae \
+    data.train_files=$HOME/data/gsm8k/train.parquet data.val_files=$HOME/data/gsm8k/test.parquet \
+    data.train_batch_size=1024 data.max_prompt_length=512 data.max_response_length=512 \
+    actor_rollout_ref.model.path=deepseek-ai/deepseek-llm-7b-chat actor_rollout_ref.actor.optim.lr=1e-6 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=256 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \
+    actor_rollout_ref.model.enable_gradient_checkpointing=True actor_rollout_ref.rollout.n=1 \
+    critic.optim.lr=1e-5 critic.optim.lr_warmup_steps_ratio=0.0 critic.model.use_remove_padding=True \
+    critic.model.path=deepseek-ai/deepseek-llm-7b-chat critic.model.enable_gradient_checkpointing=True \
+    critic.ppo_micro_batch_size_per_gpu=32 critic.model.fsdp_config.param_offload=False critic.cliprange_value=0.3 \
+    algorithm.lam=0.95 algorithm.gamma=0.99 trainer.critic_warmup=3 trainer.logger='["console"]' \
+    trainer.project_name=verl_example_gsm8k trainer.experiment_name=deepseek_llm_7b_function_rm \
+    trainer.n_gpus_per_node=8 trainer.nnodes=1 trainer.save_freq=20 trainer.test_freq=1 trainer.total_epochs=15"""
+
+
+def test_verls_ppo_example_translates_with_its_critic():
+    t = translate(read_command(VERL_PPO_EXAMPLE))
+    assert t.errors == [], t.errors
+    spec = t.job.spec
+    assert spec.algorithm.adv_estimator.value == "gae" and spec.rollout.n == 1        # PPO runs n=1
+    assert (spec.algorithm.lam, spec.algorithm.gamma) == (0.95, 0.99)
+    c = spec.critic
+    assert c.model_path is None                  # the policy's model, as verl's example sets it
+    assert (c.lr, c.lr_warmup_steps, c.micro_batch_size_per_gpu, c.cliprange_value, c.gradient_checkpointing) == \
+        (1e-5, 0, 32, 0.3, True)
+    assert spec.trainer.critic_warmup == 2       # verl's 3: the actor first updates at its step 3
+    assert not any("critic.ppo_micro" in w or "critic.optim.lr" in w for w in t.warnings), t.warnings
 
 
 def test_validation_errors_name_the_verl_key():
@@ -900,5 +929,5 @@ def test_migration_doc_worked_example_is_what_the_tool_writes():
 def test_unsupported_is_a_value_error():
     assert issubclass(Unsupported, ValueError)
     with pytest.raises(Unsupported):
-        next(r for r in RULES if r.verl == "algorithm.adv_estimator").convert("gae", None)
+        next(r for r in RULES if r.verl == "algorithm.adv_estimator").convert("remax", None)
     assert markdown_table().count("\n") == len(RULES) + 2

@@ -62,7 +62,7 @@ INVALID_SPECS = [
     ({"rollout.topP": 1.5}, "spec.rollout.topP", "less than or equal to 1"),
     ({"rollout.gpuMemoryUtilization": 0}, "spec.rollout.gpuMemoryUtilization", "greater than 0"),
     ({"rollout.temprature": 1}, "spec.rollout.temprature", "did you mean 'temperature'"),
-    ({"algorithm.advEstimator": "gae"}, "spec.algorithm.advEstimator", "'grpo'"),
+    ({"algorithm.advEstimator": "remax"}, "spec.algorithm.advEstimator", "'grpo'"),
     ({"algorithm.lossAggMode": "mean"}, "spec.algorithm.lossAggMode", "token-mean"),
     ({"algorithm.klLossType": "k4"}, "spec.algorithm.klLossType", "low_var_kl"),
     ({"algorithm.clipRatioLow": 1.0}, "spec.algorithm.clipRatioLow", "less than 1"),
