@@ -84,6 +84,8 @@ class Observed:
     """Whether this operator process applied the children at this generation already."""
     kueue_message: str | None = None
     """Why Kueue doesn't admit the suspended trainer Job (its Workload's QuotaReserved message)."""
+    runs_with: str = ""
+    """The pinned operator defaults the job's pods are built with, in words (its images)."""
 
 
 @dataclass(frozen=True)
@@ -245,7 +247,10 @@ def _run(s: _Draft, job: GRPOJob, obs: Observed, old: GRPOJobStatus) -> None:
     if obs.generation != old.observed_generation or not obs.children_applied:
         s.d.apply_children = True
         s.d.rollout_replicas = replicas
-        s.set("Created", True, "ChildrenApplied", "ConfigMap, Secret, Services and policies are in place")
+        runs_with = (f"; the pods run with the operator's defaults as of the job's first reconcile "
+                     f"({obs.runs_with}; all in ConfigMap {names.config_map_name(job.metadata.name)}, "
+                     f"key {names.DEFAULTS_KEY})") if obs.runs_with else ""
+        s.set("Created", True, "ChildrenApplied", "ConfigMap, Secret, Services and policies are in place" + runs_with)
     if obs.rollout_replicas != replicas:
         s.d.rollout_replicas = replicas
 

@@ -1,7 +1,9 @@
 """The children of a GRPOJob as plain manifests (docs/ARCHITECTURE.md §4). Pure functions: no I/O, the same
 input always gives the same dict; the reconciler applies them (reconciler.Reconciler._act).
 
-    <job>-spec      ConfigMap   the resolved spec; the pods read it at /etc/grpo/job.yaml
+    <job>-spec      ConfigMap   the resolved spec; the pods read it at /etc/grpo/job.yaml. And
+                                the operator defaults (images, resources, ...) the job's pods
+                                are built with, pinned at its first reconcile
     <job>-rpc       Secret      the per-job gRPC token, TLS CA and server certificate, and
                                 checkpoint key (created once, never re-applied)
     <job>-trainer   Service     headless; the trainer pods' subdomain (rendezvous at index 0)
@@ -29,6 +31,7 @@ owner reference needs) and the operator settings.
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from grpo_api import model_cache, signing
@@ -64,10 +67,14 @@ def pod_job(job: GRPOJob) -> GRPOJob:
 
 
 def build_config_map(job: GRPOJob, settings: OperatorSettings) -> dict[str, Any]:
+    """The resolved spec the pods read, and the operator defaults the job's pods are built with
+    (pinned when the job was first reconciled: reconciler.Reconciler._job_settings reads them
+    back, so a changed operator default never reaches a running job)."""
     m = job.metadata
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": _meta(job, names.config_map_name(m.name), "spec"),
-            "data": {names.SPEC_KEY: dump_job(pod_job(job))}}
+            "data": {names.SPEC_KEY: dump_job(pod_job(job)),
+                     names.DEFAULTS_KEY: json.dumps(settings.job_defaults(), indent=2, sort_keys=True) + "\n"}}
 
 
 def build_rpc_secret(job: GRPOJob, settings: OperatorSettings, *, token: str, checkpoint_key: str,

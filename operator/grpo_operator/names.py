@@ -30,6 +30,9 @@ POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 SPEC_DIR = "/etc/grpo"
 SPEC_KEY = "job.yaml"
 SPEC_PATH = f"{SPEC_DIR}/{SPEC_KEY}"
+DEFAULTS_KEY = "operator-defaults.json"
+"""In the `<job>-spec` ConfigMap: the operator's job defaults (images, resources, ...) the job's
+pods are built with, pinned when the job was first reconciled (settings.JOB_DEFAULTS)."""
 TOKEN_KEY = "token"
 # The rest of the job's Secret: the trainer gets the checkpoint key and the CA, the rollout
 # servers their certificate and its key; neither gets the other's.

@@ -12,6 +12,7 @@ Callers: handlers.py (kopf watch events and the resync loop).
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import os
 import secrets
@@ -54,6 +55,7 @@ class Reconciler:
         self._pending: dict[tuple[str, str], bool] = {}              # key -> read progress
         self._apis: dict[str, tuple[float, bool]] = {}              # group/version -> (when, served)
         self._progress_errors: dict[tuple[str, str], str] = {}
+        self._pinned: dict[tuple[str, str], tuple[str, OperatorSettings]] = {}  # key -> (uid, the job's)
 
     # -- triggers ---------------------------------------------------------------------------
 
@@ -98,6 +100,7 @@ class Reconciler:
             self._known.discard(key)
             self._applied.pop(key, None)
             self._progress_errors.pop(key, None)
+            self._pinned.pop(key, None)
         self.metrics.forget(namespace, name)
 
     def _timed(self, key: tuple[str, str], trigger: str, read_progress: bool) -> None:
@@ -128,7 +131,8 @@ class Reconciler:
         meta = obj["metadata"]
         if meta.get("deletionTimestamp"):
             return  # the garbage collector removes the children
-        job, errors = parse_grpojob(obj, self.settings)
+        settings = self._job_settings(obj)
+        job, errors = parse_grpojob(obj, settings)
         old_status = _status(obj)
         # Checked once per spec generation, as an admission check would: a discovery hiccup
         # later must not fail a running job.
@@ -139,10 +143,10 @@ class Reconciler:
                 "spec.runPolicy.schedulingPolicy: gang scheduling needs scheduler-plugins' PodGroup CRD "
                 "(podgroups.scheduling.x-k8s.io), which this cluster lacks; install scheduler-plugins "
                 "or remove schedulingPolicy"]
-        observed = self._observe(obj, job, old_status, read_progress)
+        observed = self._observe(obj, job, old_status, read_progress, settings)
         decision = lifecycle.decide(job, errors, old_status, observed, self.clock())
         self._write_status(obj, old_status, decision.status)
-        self._act(obj, job, decision)
+        self._act(obj, job, decision, settings)
         for event in decision.events:
             self._event(obj, event.type, event.reason, event.message)
         if decision.status.restarts > old_status.restarts:
@@ -150,7 +154,35 @@ class Reconciler:
                 decision.status.restarts - old_status.restarts)
         self.metrics.set_phase(namespace, name, decision.status.phase.value)
 
-    def _observe(self, obj: dict, job: GRPOJob | None, status: GRPOJobStatus, read: bool) -> lifecycle.Observed:
+    def _job_settings(self, obj: dict) -> OperatorSettings:
+        """The operator settings this job's children are built with: the current ones, with the
+        job defaults (images, resources, ...: settings.JOB_DEFAULTS) pinned when the job was first
+        reconciled. The pin is in the job's `<job>-spec` ConfigMap (the first child applied, before
+        any pod exists), so it survives an operator restart, and a `helm upgrade` of the chart's
+        jobDefaults reaches new jobs only. Read once per job and operator process."""
+        meta = obj["metadata"]
+        key, uid = (meta["namespace"], meta["name"]), meta["uid"]
+        with self._lock:
+            cached = self._pinned.get(key)
+        if cached is not None and cached[0] == uid:
+            return cached[1]
+        config_map = self.kube.get("v1", "ConfigMap", key[0], names.config_map_name(key[1]))
+        pinned = ((config_map or {}).get("data") or {}).get(names.DEFAULTS_KEY) \
+            if config_map is not None and _owned_by(config_map, uid) else None
+        settings = self.settings
+        if pinned is not None:
+            try:
+                settings = self.settings.with_job_defaults(json.loads(pinned))
+            except (ValueError, TypeError) as exc:
+                log.warning("%s/%s: unreadable %s in ConfigMap %s (%s): pinning the current defaults", *key,
+                            names.DEFAULTS_KEY, names.config_map_name(key[1]), exc)
+        with self._lock:
+            if key in self._known:   # not one forgotten (deleted) meanwhile
+                self._pinned[key] = (uid, settings)
+        return settings
+
+    def _observe(self, obj: dict, job: GRPOJob | None, status: GRPOJobStatus, read: bool,
+                 settings: OperatorSettings) -> lifecycle.Observed:
         meta = obj["metadata"]
         ns, name, uid, generation = meta["namespace"], meta["name"], meta["uid"], meta.get("generation", 1)
         trainer_obj = self.kube.get("batch/v1", "Job", ns, names.trainer_name(name))
@@ -184,7 +216,8 @@ class Reconciler:
             generation=generation, trainer=trainer, pods=pods.view(pod_list, attempt=attempt),
             rollout_replicas=replicas, progress=progress, progress_error=progress_error if read_now else None,
             progress_read=read_now, children_applied=self._applied.get((ns, name)) == (uid, generation),
-            kueue_message=kueue_message)
+            kueue_message=kueue_message,
+            runs_with=f"trainer image {settings.trainer_image}, rollout image {settings.rollout_image}")
 
     def _why_not_admitted(self, ns: str, job_uid: str) -> str | None:
         """Kueue's reason for not admitting the trainer Job (no quota, no such LocalQueue, ...):
@@ -214,10 +247,10 @@ class Reconciler:
         patch.update(new_doc)
         self.kube.patch_status(*GJ, meta["namespace"], meta["name"], patch)
 
-    def _act(self, obj: dict, job: GRPOJob | None, d: lifecycle.Decision) -> None:
+    def _act(self, obj: dict, job: GRPOJob | None, d: lifecycle.Decision, settings: OperatorSettings) -> None:
         meta = obj["metadata"]
         ns, name = meta["namespace"], meta["name"]
-        kube, settings = self.kube, self.settings
+        kube = self.kube
         if d.apply_children and job is not None:
             kube.create(manifests.build_rpc_secret(job, settings, token=secrets.token_hex(32),
                                                    checkpoint_key=signing.new_key(),

@@ -13,6 +13,7 @@ manifest builders and the reconciler; nothing reads the environment after that.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import os
@@ -99,6 +100,34 @@ class OperatorSettings:
     field_manager: str = "grpo-operator"
     """Server-side apply field manager of the children."""
 
+    # --- per job -----------------------------------------------------------------------------
+
+    def job_defaults(self) -> dict[str, Any]:
+        """The defaults a job's pods are built with (JOB_DEFAULTS), as JSON values: pinned per job
+        when it is first reconciled (reconciler.Reconciler._job_settings), so that changing them
+        (`helm upgrade` of jobDefaults) reaches only new jobs."""
+        return {name: list(v) if isinstance(v := getattr(self, name), tuple) else copy.deepcopy(v)
+                for name in JOB_DEFAULTS}
+
+    def with_job_defaults(self, pinned: Mapping[str, Any]) -> "OperatorSettings":
+        """These settings with a job's pinned defaults (job_defaults()) put back. A default the
+        pinned record lacks (one a later operator version added) keeps its current value; a
+        malformed record is a ValueError."""
+        hints = typing.get_type_hints(type(self))
+        values: dict[str, Any] = {}
+        for name in JOB_DEFAULTS:
+            if name not in pinned:
+                continue
+            value, hint = pinned[name], hints[name]
+            if typing.get_origin(hint) is tuple:
+                if not isinstance(value, list):
+                    raise ValueError(f"{name}: expected a list (got {value!r})")
+                value = tuple(str(v) for v in value)
+            elif typing.get_origin(hint) is dict and not isinstance(value, dict):
+                raise ValueError(f"{name}: expected an object (got {value!r})")
+            values[name] = value
+        return dataclasses.replace(self, **values)
+
     # --- reading -----------------------------------------------------------------------------
 
     @classmethod
@@ -124,6 +153,17 @@ class OperatorSettings:
             raise ValueError(f"resync_seconds must be > 0 (got {self.resync_seconds})")
         if self.run_as_user <= 0:
             raise ValueError(f"run_as_user must be a non-root UID > 0 (got {self.run_as_user})")
+
+
+JOB_DEFAULTS = (
+    "trainer_image", "rollout_image", "image_pull_policy", "image_pull_secrets", "trainer_resources",
+    "rollout_resources", "gpu_resource", "shm_size", "run_as_user", "trainer_termination_grace_seconds",
+    "rollout_termination_grace_seconds", "gang_scheduler_name")
+"""The settings that shape a job's pods (the chart's `jobDefaults`: images, resources, security,
+grace periods, scheduler): fixed per job when it is first reconciled and recorded in its
+`<job>-spec` ConfigMap, as Kubeflow Trainer pins a TrainJob to its runtime. The rest (network
+policy, PodMonitor, keeping failed pods, the operator process's own) applies to every job at once:
+changing them restarts no pod."""
 
 
 def parse_value(hint: Any, raw: str) -> Any:

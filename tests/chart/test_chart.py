@@ -118,7 +118,7 @@ LEAST_PRIVILEGE = {
     ("grpo.dev", "grpojobs"): ["get", "list", "watch", "delete"],
     ("grpo.dev", "grpojobs/status"): ["patch"],
     ("grpo.dev", "grpojobs/finalizers"): ["update"],
-    ("", "configmaps"): ["create", "patch"],
+    ("", "configmaps"): ["get", "create", "patch"],
     ("", "services"): ["create", "patch"],
     ("", "secrets"): ["create"],
     ("", "pods"): ["list", "watch", "patch", "delete"],

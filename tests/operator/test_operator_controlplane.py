@@ -86,14 +86,16 @@ class Cluster:
             return pods if len(pods) >= count else None
         return eventually(current, what=f"{count} trainer pods of {name} (attempt {attempt})")
 
-    def kubelet(self, pod, phase, *, waiting=None, exit_code=None, message=None):
+    def kubelet(self, pod, phase, *, waiting=None, exit_code=None, message=None, reason=None):
         """What the kubelet would report for the pod (`message`: the termination message, which
-        FallbackToLogsOnError fills with the end of the log)."""
+        FallbackToLogsOnError fills with the end of the log, or the waiting state's message;
+        `reason`: the terminated state's, e.g. OOMKilled)."""
         now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         if waiting:
-            state = {"waiting": {"reason": waiting, "message": f"{waiting}: pull access denied for the image"}}
+            state = {"waiting": {"reason": waiting, "message": message or f"{waiting}: pull access denied for the image"}}
         elif exit_code is not None:
-            state = {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+            state = {"terminated": {"exitCode": exit_code,
+                                    "reason": reason or ("Completed" if exit_code == 0 else "Error"),
                                     "startedAt": now, "finishedAt": now, **({"message": message} if message else {})}}
         else:
             state = {"running": {"startedAt": now}}

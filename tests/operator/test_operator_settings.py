@@ -192,3 +192,23 @@ def test_a_resync_pass_is_counted_after_it_reconciled_every_known_job():
     # Each known job reconciled, reading progress, before the pass is counted.
     assert r.calls == [("a", True, 0), ("b", True, 0)]
     assert r.metrics.registry.get_sample_value("grpo_operator_resyncs_total") == 1
+
+
+def test_job_defaults_round_trip_through_json():
+    """What a job's ConfigMap pins (issue 36, bug 1): the pod-shaping defaults, read back as typed
+    settings over the current ones; the operator's own settings are never pinned."""
+    pinned = OperatorSettings(trainer_image="reg/t:1", image_pull_secrets=("pull",), rollout_resources={
+        "requests": {"cpu": "2"}}, run_as_user=2000)
+    record = json.loads(json.dumps(pinned.job_defaults()))
+    assert set(record) == set(settings_mod.JOB_DEFAULTS)
+    assert "resync_seconds" not in record and "network_policy" not in record
+    now = OperatorSettings(trainer_image="reg/t:2", rollout_image="reg/r:2", resync_seconds=3, network_policy=False)
+    back = now.with_job_defaults(record)
+    assert (back.trainer_image, back.image_pull_secrets, back.rollout_resources, back.run_as_user) == (
+        "reg/t:1", ("pull",), {"requests": {"cpu": "2"}}, 2000)
+    assert back.rollout_image == pinned.rollout_image            # pinned too, though it was the default
+    assert (back.resync_seconds, back.network_policy) == (3, False)   # the operator's own: current
+    # A default a later operator added keeps its current value; a malformed record is refused.
+    assert now.with_job_defaults({"trainer_image": "reg/t:1"}).rollout_image == "reg/r:2"
+    with pytest.raises(ValueError, match="image_pull_secrets"):
+        now.with_job_defaults({"image_pull_secrets": "pull"})

@@ -56,9 +56,13 @@ Server-side apply is a `patch`, and a `create` too when the object doesn't exist
 - apiGroups: ["grpo.dev"]
   resources: ["grpojobs/finalizers"]
   verbs: ["update"]
-# <job>-spec ConfigMap and the headless Services: server-side applied.
+# <job>-spec ConfigMap and the headless Services: server-side applied. The ConfigMap is read
+# back (get) for the job defaults pinned in it at the job's first reconcile.
 - apiGroups: [""]
-  resources: ["configmaps", "services"]
+  resources: ["configmaps"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: [""]
+  resources: ["services"]
   verbs: ["create", "patch"]
 # <job>-rpc token: created once, never read back, updated or listed.
 - apiGroups: [""]
