@@ -127,6 +127,9 @@ def build_crd() -> dict[str, Any]:
                      "description": "Last validation score"},
                     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     # -o wide
+                    {"name": "Best", "type": "number", "jsonPath": ".status.progress.bestScore", "priority": 1},
+                    {"name": "Best-Step", "type": "integer", "jsonPath": ".status.progress.bestStep",
+                     "priority": 1},
                     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
                     {"name": "Epoch", "type": "integer", "jsonPath": ".status.progress.epoch", "priority": 1},
                     {"name": "Reason", "type": "string", "priority": 1, "description": "Why the job failed",

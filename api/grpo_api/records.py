@@ -68,6 +68,11 @@ class RunLayout:
         return self.step_dir("hf", step)
 
     @property
+    def hf_best(self) -> str:
+        """trainer.saveBest's export of the best step's policy."""
+        return self._join("hf", "best")
+
+    @property
     def progress(self) -> str:
         return self._join("progress.json")
 

@@ -232,6 +232,13 @@ class RolloutSpec(_Model):
     """Partial pod template merged into the rollout pods (nodeSelector, tolerations, volumes, env...)."""
 
 
+class SaveBest(_Model):
+    metric: str = Field(default="val/score", min_length=1)
+    """The step metric (as metrics.jsonl names it) that ranks the steps; steps without it (no validation) are not ranked."""
+    mode: Literal["max", "min"] = "max"
+    """Whether a larger or a smaller value is better."""
+
+
 class TrainerSpec(_Model):
     project_name: str = Field(default="grpo", min_length=1)
     """Project, the first part of the local run directory; the W&B project and the MLflow experiment (verl: trainer.project_name)."""
@@ -276,6 +283,8 @@ class TrainerSpec(_Model):
     trainer.critic_warmup, which compares with its 1-based step count: verl's N is N-1 here)."""
     keep_checkpoints: int | None = Field(default=2, ge=1)
     """Complete checkpoints kept; older ones are deleted; null keeps all (verl: max_actor_ckpt_to_keep)."""
+    save_best: SaveBest | None = None
+    """Keep the best step's checkpoint whatever keepCheckpoints deletes, and export that policy as hf/best (the tutorial's "validate regularly, keep the best model"): a step that beats the best so far is checkpointed then, whatever saveFreq says. Null: off."""
     ref_cpu_offload: bool = False
     """Keep the frozen reference model's shards in CPU memory (verl: ref.fsdp_config.param_offload)."""
     use_torch_compile: bool = True
@@ -415,6 +424,10 @@ class Progress(_Model):
     """Last validation accuracy (mean reward, greedy)."""
     last_checkpoint: str | None = None
     """URI of the latest complete checkpoint."""
+    best_step: int | None = None
+    """With trainer.saveBest: the best step so far (its checkpoint is kept, its policy is hf/best)."""
+    best_score: float | None = None
+    """With trainer.saveBest: that step's trainer.saveBest.metric."""
 
 
 class GRPOJobStatus(_Model):

@@ -4,7 +4,9 @@ built there), shortened with --set.
 
 - the quickstart learns: its reward rises by more than the same run with a learning rate too
   small to change anything (lr must be > 0) could show; so does it with rollout t+1 generated
-  while step t trains (rollout.maxStaleness 1);
+  while step t trains (rollout.maxStaleness 1), and as PPO with a critic (advEstimator gae;
+  with the policy frozen a PPO run samples exactly what the control does: the critic never
+  reaches the rollouts);
 - a SIGKILLed rollout server is restarted by the launcher and the run completes every step;
 - Ctrl-C (SIGINT to `grpo run`) exits 130 and leaves no process and no port behind; running the
   same command again resumes from the last checkpoint;
@@ -41,14 +43,15 @@ CONTROL_LR = 1e-12         # trainer.lr must be > 0: this one moves no weight th
 
 @pytest.fixture(scope="module")
 def learning_runs(tmp_path_factory, grpo_cache):
-    """The quickstart, shortened, the same with rollout.maxStaleness 1, and with a ~zero learning
-    rate, side by side."""
+    """The quickstart, shortened, the same with rollout.maxStaleness 1, as PPO, and with a ~zero
+    learning rate, side by side."""
     tmp = tmp_path_factory.mktemp("quickstart")
     # Both launchers start on an empty GRPO_CACHE (when this module runs first): they build the
     # builtin:// model and data at the same time, which must not corrupt either.
     runs = {name: LauncherRun(QUICKSTART, _mkdir(tmp / name), grpo_cache,
                               [*SHORT, f"trainer.totalSteps={LEARN_STEPS}", *extra])
             for name, extra in (("learn", []), ("stale", ["rollout.maxStaleness=1"]),
+                                ("ppo", ["algorithm.advEstimator=gae", "critic.lr=2e-3"]),
                                 ("control", [f"trainer.lr={CONTROL_LR}"]))}
     for name, run in runs.items():
         code = run.wait(900)
@@ -68,7 +71,7 @@ def _reward_gain(run_dir: Path) -> tuple[float, float]:
     return statistics.fmean(reward[:K]), statistics.fmean(reward[-K:])
 
 
-@pytest.mark.parametrize("run", ["learn", "stale"])
+@pytest.mark.parametrize("run", ["learn", "stale", "ppo"])
 def test_quickstart_reward_rises_beyond_a_no_learning_control(learning_runs, run):
     learn_first, learn_last = _reward_gain(learning_runs[run])
     ctrl_first, ctrl_last = _reward_gain(learning_runs["control"])
@@ -84,6 +87,8 @@ def test_quickstart_reward_rises_beyond_a_no_learning_control(learning_runs, run
     assert learn_gain > ctrl_gain + 0.05, detail
     assert learn_last > 3 * ctrl_last + 0.02, detail
     assert all(r["actor/lr"] == pytest.approx(CONTROL_LR) for r in read_metrics(learning_runs["control"]))
+    if run == "ppo":   # the critic trained beside the policy, every step
+        assert all(r["critic/vf_loss"] >= 0 and r["critic/lr"] == 2e-3 for r in read_metrics(learning_runs[run]))
     staleness = [r["rollout/staleness"] for r in read_metrics(learning_runs[run])]
     assert staleness == [0] + [1 if run == "stale" else 0] * (LEARN_STEPS - 1)
 
@@ -186,6 +191,9 @@ def test_ctrl_c_stops_everything_and_a_rerun_resumes(tmp_path, grpo_cache):
     # the launcher's grace period, leaving the last scheduled checkpoint)
     latest = max(int(p.parent.name.removeprefix("step-")) for p in run_dir.glob("checkpoints/step-*/manifest.json"))
     assert 2 <= latest < 10
+    # and the status says which one a resume takes (issue 36: it named the one before the stop)
+    progress = json.loads((run_dir / "progress.json").read_text())
+    assert progress["lastCheckpoint"] == f"file://{run_dir.absolute()}/checkpoints/step-{latest}", progress
 
     # the same command again, as the launcher's message says
     rerun = LauncherRun(QUICKSTART, tmp_path, grpo_cache, overrides, log_name="rerun.log")

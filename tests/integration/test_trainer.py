@@ -8,6 +8,7 @@
 - a fresh trainer facing rollout servers at a later policy version (a restart before the first
   checkpoint) and a rollout server down for a few steps (faults): the run goes on;
 - `data.truncation: error` stops before step 1 naming the file and row;
+- trainer.saveBest: the best step's checkpoint survives keepCheckpoints, and hf/best is its policy;
 - the exported model, and `grpo export` of a checkpoint, load with from_pretrained and generate.
 """
 
@@ -262,7 +263,7 @@ def _redispatched(root: Path) -> int:
 
 # --- resume: 4 steps straight == 2 steps + resume + 2 steps (weightSync grpc) -----------------
 
-def _resume_run(tmp: Path, name: str, model, data, reward, steps_then: list[int]) -> Path:
+def _resume_run(tmp: Path, name: str, model, data, reward, steps_then: list[int], **sections) -> Path:
     """Run the job to each total in `steps_then` in turn (resume: auto), every run with fresh
     rollout servers (as a re-run or a restarted pod has); returns the run root. LR warmup over
     the 4 steps (the scheduler's state matters) and 3 steps per epoch (step 4 starts epoch 1,
@@ -270,7 +271,7 @@ def _resume_run(tmp: Path, name: str, model, data, reward, steps_then: list[int]
     job = write_job(tmp / f"{name}.yaml", name=name, model=model, train=data, storage=tmp / "store",
                     reward={"function": reward},
                     trainer={"totalSteps": steps_then[-1], "saveFreq": 2, "lrWarmupSteps": 4},
-                    weightSync={"backend": "grpc"})
+                    weightSync={"backend": "grpc"}, **sections)
     for k, total in enumerate(steps_then):
         token = secrets.token_hex(16)
         logs = tmp / f"{name}-{k}"
@@ -288,12 +289,17 @@ def _resume_run(tmp: Path, name: str, model, data, reward, steps_then: list[int]
     return run_root(tmp / "store", name)
 
 
-def test_resume_equivalence(tmp_path, tiny_model, quickstart_data, dense_reward):
+# PPO: the critic (its weights, optimizer and LR schedule) is part of the checkpoint too.
+PPO = {"algorithm": {"advEstimator": "gae", "lam": 0.95}, "critic": {"lr": 1e-3, "lrWarmupSteps": 4}}
+
+
+@pytest.mark.parametrize("sections", [{}, PPO], ids=["grpo", "ppo"])
+def test_resume_equivalence(tmp_path, tiny_model, quickstart_data, dense_reward, sections):
     import torch
     data = tmp_path / "train-12.parquet"          # 12 prompts: 3 batches of 4 per epoch
     pq.write_table(pq.read_table(quickstart_data[0]).slice(0, 12), data)
-    straight = _resume_run(tmp_path, "straight", tiny_model, data, dense_reward, [4])
-    resumed = _resume_run(tmp_path, "resumed", tiny_model, data, dense_reward, [2, 4])
+    straight = _resume_run(tmp_path, "straight", tiny_model, data, dense_reward, [4], **sections)
+    resumed = _resume_run(tmp_path, "resumed", tiny_model, data, dense_reward, [2, 4], **sections)
     # step 4 is the first batch of epoch 1: a fresh permutation of the same 12 prompts
     uids = [read_step_tables(resumed, "prompts", s).column("uid").to_pylist() for s in range(1, 5)]
     assert all(u.startswith("0-") for s in uids[:3] for u in s) and all(u.startswith("1-") for u in uids[3])
@@ -313,9 +319,53 @@ def test_resume_equivalence(tmp_path, tiny_model, quickstart_data, dense_reward)
     for ra, rb in zip(ma, mb):
         assert ra["critic/score/mean"] == pytest.approx(rb["critic/score/mean"]), ra["step"]
         assert ra["actor/pg_loss"] == pytest.approx(rb["actor/pg_loss"], rel=1e-4, abs=1e-6), ra["step"]
+    if sections:
+        # a critic started afresh at step 3 (a new value head) would value and learn differently
+        assert [r["critic/lr"] for r in mb] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
+        for ra, rb in zip(ma, mb):
+            for key in ("critic/values/mean", "critic/vf_loss", "critic/returns/mean", "critic/advantages/std"):
+                assert ra[key] == pytest.approx(rb[key], rel=1e-4, abs=1e-6), (key, ra["step"])
     wa, wb = load_safetensors(straight / "hf" / "step-4"), load_safetensors(resumed / "hf" / "step-4")
     for name in wa:
         torch.testing.assert_close(wa[name], wb[name], rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+# --- trainer.saveBest: the best step's checkpoint outlives the rotation, and is hf/best ------------
+
+def test_the_best_steps_checkpoint_is_kept_and_exported_as_hf_best(tmp_path, tiny_model, quickstart_data,
+                                                                   dense_reward):
+    """Ranked by the step's mean reward (a metric every step has); a checkpoint every step, one kept."""
+    import json
+
+    import torch
+    job = write_job(tmp_path / "job.yaml", name="best", model=tiny_model, train=quickstart_data[0],
+                    storage=tmp_path / "store", reward={"function": dense_reward},
+                    trainer={"totalSteps": 6, "saveFreq": 1, "keepCheckpoints": 1,
+                             "saveBest": {"metric": "critic/score/mean", "mode": "max"}})
+    token = secrets.token_hex(16)
+    servers = start_rollout_servers(job, token, 1, tmp_path)
+    try:
+        result = run_trainer(job, rollout=servers[0].address, token=token)
+    finally:
+        servers[0].stop()
+    assert result.returncode == 0, result.output[-8000:]
+    root = run_root(tmp_path / "store", "best")
+    rewards = [r["critic/score/mean"] for r in read_metrics(root)]
+    best = 1 + rewards.index(max(rewards))             # the first step to reach the maximum
+    progress = json.loads((root / "progress.json").read_text())
+    assert (progress["bestStep"], progress["bestScore"]) == (best, pytest.approx(max(rewards)))
+    kept = sorted(p.name for p in (root / "checkpoints").iterdir())
+    assert kept == sorted({f"step-{best}", "step-6"}), (kept, rewards)
+    out = tmp_path / "exported"
+    proc = subprocess.run([*grpo_cli(), "export", str(root / "checkpoints" / f"step-{best}"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, env=child_env())
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    at_best, hf_best = load_safetensors(out), load_safetensors(root / "hf" / "best")
+    common = at_best.keys() & hf_best.keys()
+    assert len(common) >= len(hf_best) - 1 and all(torch.equal(at_best[k], hf_best[k]) for k in common)
+    if best != 6:   # the final policy moved on
+        final = load_safetensors(root / "hf" / "step-6")
+        assert any(not torch.equal(final[k], hf_best[k]) for k in final)
 
 
 # --- data.truncation: error ------------------------------------------------------------------------

@@ -11,8 +11,10 @@ Loading, each rank checks the signature, copies every listed file into a private
 (mode 0700) checking its hash on the way, and only then lets DCP read that copy: a file changed
 in storage after the check is never read.
 
-`Checkpointer` decides when: every trainer.saveFreq steps, at the last step, and before a stop
-(SIGTERM); it keeps trainer.keepCheckpoints and resumes what spec.resume names. What the
+`Checkpointer` decides when: every trainer.saveFreq steps, at the last step, before a stop
+(SIGTERM), and with trainer.saveBest at every step that beats the best so far (whose checkpoint
+it then keeps, and whose policy it exports as hf/best); it keeps trainer.keepCheckpoints and
+resumes what spec.resume names. What the
 trainer's components need back (step, version, sampler, a batch generated ahead, tracker
 runs, ...) comes in as one JSON-able dict, `trainer_state.json`.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -40,7 +43,7 @@ from grpo_api.records import RunLayout
 from grpo_api.signing import ManifestError
 from grpo_api.spec import GRPOJobSpec
 from grpo_api.storage import Storage
-from grpo_trainer.collectives import all_gather_json
+from grpo_trainer.collectives import all_gather_json, broadcast_json
 
 log = logging.getLogger("grpo.trainer")
 MANIFEST = "manifest.json"
@@ -98,8 +101,9 @@ def _dcp_state(parts: dict) -> dict:
 
 
 def save(uri: str, *, parts: dict, trainer_state: dict, storage: Storage,
-         keep: int | None, layout: RunLayout, key: bytes, device: torch.device) -> None:
-    """`parts`: (model, optimizer, scheduler) by name ("policy", "critic")."""
+         keep: int | None, layout: RunLayout, key: bytes, device: torch.device, protect: str | None = None) -> None:
+    """`parts`: (model, optimizer, scheduler) by name ("policy", "critic"). Of the older
+    checkpoints, `keep` are kept, and `protect` (the best one) whatever its age."""
     rank = dist.get_rank()
     staging = tempfile.mkdtemp(prefix="grpo-ckpt-")
     try:
@@ -127,7 +131,8 @@ def save(uri: str, *, parts: dict, trainer_state: dict, storage: Storage,
         storage.write_bytes(f"{uri}/{MANIFEST}", signing.sign(body, key))
         if keep:
             for _, old in complete_checkpoints(layout, storage)[:-keep]:
-                storage.delete_dir(old)
+                if old != protect:
+                    storage.delete_dir(old)
     dist.barrier()
 
 
@@ -214,11 +219,14 @@ def load_full_state_dict(uri: str, storage: Storage, key: bytes) -> tuple[dict[s
 
 class Checkpointer:
     def __init__(self, spec: GRPOJobSpec, *, parts: dict, layout: RunLayout, storage: Storage, key: bytes,
-                 device: torch.device):
-        """parts: (model, optimizer, scheduler) by name, as the actor holds them."""
+                 device: torch.device, model_spec):
+        """parts: (model, optimizer, scheduler) by name, as the actor holds them; model_spec: the
+        policy's model as loaded (its config and tokenizer go into the exports)."""
         self.spec, self.layout, self.storage, self.key, self.device = spec, layout, storage, key, device
+        self.model_spec = model_spec
         self.parts = parts
         self.last: str | None = None   # the latest complete checkpoint, saved or resumed from
+        self.best: dict | None = None  # trainer.saveBest: {"step", "score"} of the best step so far
 
     def resume(self) -> dict | None:
         """Collective: load the checkpoint spec.resume names into the model and optimizer, and
@@ -227,7 +235,7 @@ class Checkpointer:
         if uri is None:
             return None
         state = load(uri, parts=self.parts, storage=self.storage, key=self.key, device=self.device)
-        self.last = uri
+        self.last, self.best = uri, state.get("best")
         log.info("Resumed from %s (step %d, policy version %d)", uri, state["step"], state["policy_version"])
         return {**state, "own": uri.startswith(self.layout.checkpoints + "/")}
 
@@ -235,26 +243,51 @@ class Checkpointer:
         freq = self.spec.trainer.save_freq
         return last or (freq > 0 and step % freq == 0)
 
-    def maybe_save(self, step: int, trainer_state: Callable[[], dict], *, last: bool) -> dict[str, float]:
-        """Collective, after step `step`: save when due; {"timing_s/checkpoint": seconds} or {}."""
-        if not self.should_save(step, last=last):
+    def maybe_save(self, step: int, trainer_state: Callable[[], dict], metrics: dict, *, last: bool,
+                   weights: Callable[[], dict | None]) -> dict[str, float]:
+        """Collective, after step `step` with its metrics: save when due or when the step is the
+        best so far (then `weights()`, the policy on rank 0, becomes hf/best too).
+        {"timing_s/checkpoint": seconds} or {}."""
+        best = self._new_best(step, metrics)
+        if not (best or self.should_save(step, last=last)):
             return {}
-        return {"timing_s/checkpoint": self.save(step, trainer_state())}
+        seconds = self.save(step, trainer_state())
+        if best:
+            policy = weights()
+            if dist.get_rank() == 0:
+                self.storage.delete_dir(self.layout.hf_best)
+                self.export(policy, self.layout.hf_best)
+        return {"timing_s/checkpoint": seconds}
+
+    def _new_best(self, step: int, metrics: dict) -> bool:
+        """Collective: whether rank 0's metrics make `step` the best so far (trainer.saveBest)."""
+        rule = self.spec.trainer.save_best
+        if rule is None:
+            return False
+        score = metrics.get(rule.metric) if dist.get_rank() == 0 else None
+        better = (score is not None and math.isfinite(score) and
+                  (self.best is None or (score > self.best["score"] if rule.mode == "max" else score < self.best["score"])))
+        decided = broadcast_json({"step": step, "score": score} if better else None, self.device)
+        if decided is not None:
+            self.best = decided
+            if dist.get_rank() == 0:
+                log.info("New best %s %.4g at step %d (trainer.saveBest)", rule.metric, score, step)
+        return decided is not None
 
     def save(self, step: int, trainer_state: dict) -> float:
         """Collective: checkpoint step `step` now (rank 0's `trainer_state` is the one kept)."""
         start = time.perf_counter()
         uri = self.layout.checkpoint(step)
-        save(uri, parts=self.parts, trainer_state={"step": step, **trainer_state}, storage=self.storage,
-             keep=self.spec.trainer.keep_checkpoints, layout=self.layout, key=self.key, device=self.device)
+        save(uri, parts=self.parts, trainer_state={"step": step, **trainer_state, "best": self.best},
+             storage=self.storage, keep=self.spec.trainer.keep_checkpoints, layout=self.layout, key=self.key,
+             device=self.device, protect=self.layout.checkpoint(self.best["step"]) if self.best else None)
         self.last = uri
         if dist.get_rank() == 0:
             log.info("Saved checkpoint to %s", uri)
         return time.perf_counter() - start
 
-    def export(self, step: int, weights: dict[str, torch.Tensor], model_spec) -> None:
-        """Rank 0, at the end: the final policy as a Hugging Face model under hf/step-N/."""
+    def export(self, weights: dict[str, torch.Tensor], uri: str) -> None:
+        """Rank 0: a policy as a Hugging Face model at `uri` (hf/step-N at the end, hf/best)."""
         from grpo_trainer.export import save_hf
-        uri = self.layout.hf_export(step)
-        save_hf(weights, model_spec, uri, self.storage)
-        log.info("Exported the final policy to %s", uri)
+        save_hf(weights, self.model_spec, uri, self.storage)
+        log.info("Exported the %s policy to %s", "best" if uri == self.layout.hf_best else "final", uri)

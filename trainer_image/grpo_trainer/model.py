@@ -26,8 +26,17 @@ from grpo_api.storage import check_local_model_path
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-# PPO's critic: one value per token (verl's token-classification critic), no dropout.
-VALUE_HEAD = {"num_labels": 1, "classifier_dropout": 0.0}
+def model_config(spec: ModelSpec, *, value_head: bool = False, field: str = "spec.model.path"):
+    """The model's config; with `value_head`, PPO's critic: one value per token (verl's
+    token-classification critic) and no dropout (transformers' head defaults to 0.1)."""
+    from transformers import AutoConfig
+    try:
+        config = AutoConfig.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
+    except OSError as exc:
+        raise FileNotFoundError(f"{field}: can't load a model config from {spec.path!r}: {exc}") from None
+    if value_head:
+        config.num_labels, config.classifier_dropout = 1, 0.0
+    return config
 
 
 def load_hf_model(spec: ModelSpec, *, dtype: torch.dtype | str = torch.float32, value_head: bool = False,
@@ -35,15 +44,13 @@ def load_hf_model(spec: ModelSpec, *, dtype: torch.dtype | str = torch.float32, 
     """The Hugging Face model at spec.path: a causal LM, or with `value_head` the same backbone
     with a scalar head on every token (a new head, initialized from torch's RNG, unless the
     checkpoint is a one-label token classifier)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
     check_local_model_path(spec.path, field)
+    auto = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
+    extra = {"config": model_config(spec, value_head=True, field=field)} if value_head else {}
     try:
-        if not value_head:
-            return AutoModelForCausalLM.from_pretrained(spec.path, dtype=dtype, trust_remote_code=spec.trust_remote_code,
-                                                        attn_implementation="sdpa")
-        config = AutoConfig.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code, **VALUE_HEAD)
-        return AutoModelForTokenClassification.from_pretrained(
-            spec.path, config=config, dtype=dtype, trust_remote_code=spec.trust_remote_code, attn_implementation="sdpa")
+        return auto.from_pretrained(spec.path, dtype=dtype, trust_remote_code=spec.trust_remote_code,
+                                    attn_implementation="sdpa", **extra)
     except OSError as exc:
         raise FileNotFoundError(f"{field}: can't load a model from {spec.path!r}: {exc}") from None
 
@@ -127,13 +134,9 @@ def _load_sharded(spec: ModelSpec, device: torch.device, *, dtype: torch.dtype, 
     weights: read by rank 0 alone, each rank receiving its shards (module docstring).
     `prepare(model)` runs before sharding (gradient checkpointing, freezing)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
     check_local_model_path(spec.path, field)
-    try:
-        config = AutoConfig.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code,
-                                            **(VALUE_HEAD if value_head else {}))
-    except OSError as exc:
-        raise FileNotFoundError(f"{field}: can't load a model config from {spec.path!r}: {exc}") from None
+    config = model_config(spec, value_head=value_head, field=field)
     auto = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
     with _parameters_on_meta():
         model = auto.from_config(config, dtype=dtype, trust_remote_code=spec.trust_remote_code,

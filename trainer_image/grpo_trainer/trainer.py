@@ -68,9 +68,11 @@ class Trainer:
         self.actor = Actor(self.model_spec, self.spec, device=self.device, total_steps=self.total_steps,
                            pad_token_id=tokenizer.pad_token_id)
         self.checkpointer = Checkpointer(self.spec, parts=self.actor.checkpoint_parts(), layout=self.layout,
-                                         storage=self.storage, key=checkpoint_key, device=self.device)
+                                         storage=self.storage, key=checkpoint_key, device=self.device,
+                                         model_spec=self.model_spec)
         resumed = self.checkpointer.resume() or {}
         self.state = State(resumed.get("step", 0), resumed.get("policy_version", 0))
+        self.progress: dict = {}   # the last progress.json written
         # This job's own checkpoint continues its tracker runs (not another job's, with resume: <uri>).
         self.metrics = open_metrics(job, self.layout, self.storage, device=self.device, resumed_step=self.state.step,
                                     metrics_port=metrics_port,
@@ -112,7 +114,8 @@ class Trainer:
             step, last = self.state.step, self.state.step == self.total_steps
             metrics = self.train_step(step)
             metrics |= self.validator.maybe_validate(step, self.state.policy_version, last=last)
-            metrics |= self.checkpointer.maybe_save(step, self._checkpoint_state, last=last)
+            metrics |= self.checkpointer.maybe_save(step, self._checkpoint_state, metrics, last=last,
+                                                    weights=self.publisher.final_weights)
             if self.rank == 0:
                 self.metrics.log(step, metrics)
                 self._write_progress(metrics)
@@ -120,7 +123,7 @@ class Trainer:
         weights = self.publisher.final_weights()
         if self.rank == 0:
             bar.close()
-            self.checkpointer.export(self.state.step, weights, self.model_spec)
+            self.checkpointer.export(weights, self.layout.hf_export(self.state.step))
             self.metrics.close()
         dist.barrier()
 
@@ -156,6 +159,7 @@ class Trainer:
         self.checkpointer.save(self.state.step, self._checkpoint_state())
         log.warning("Stopping on SIGTERM after a checkpoint at step %d", self.state.step)
         if self.rank == 0:
+            self._write_progress({})      # its lastCheckpoint is the one a resume takes
             self.metrics.close(finished=False)
         raise SystemExit(143)
 
@@ -167,9 +171,15 @@ class Trainer:
                 "model": self.spec.model.model_dump(mode="json", by_alias=True)}
 
     def _write_progress(self, metrics: dict[str, float]) -> None:
-        self.metrics.write_progress({
-            "step": self.state.step, "totalSteps": self.total_steps, "epoch": metrics.get("training/epoch", 0),
-            "policyVersion": self.state.policy_version, "rewardMean": metrics.get("critic/score/mean"),
-            "validationScore": self.validator.score, "lastCheckpoint": self.checkpointer.last,
-            "tokensPerSecond": metrics.get("perf/throughput"), "updatedAt": time.time(),
-        })
+        """progress.json, which the operator copies into the status. Without a step's metrics (a
+        stop) the last ones stay."""
+        self.progress = {
+            **self.progress, "step": self.state.step, "totalSteps": self.total_steps,
+            "policyVersion": self.state.policy_version, "validationScore": self.validator.score,
+            "lastCheckpoint": self.checkpointer.last, "updatedAt": time.time(),
+            **({"epoch": metrics["training/epoch"], "rewardMean": metrics["critic/score/mean"],
+                "tokensPerSecond": metrics["perf/throughput"]} if metrics else {}),
+            **({"bestStep": self.checkpointer.best["step"], "bestScore": self.checkpointer.best["score"]}
+               if self.checkpointer.best else {}),
+        }
+        self.metrics.write_progress(self.progress)
