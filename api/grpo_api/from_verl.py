@@ -27,7 +27,7 @@ from typing import Any, Callable
 import yaml
 
 from grpo_api.jobfile import JobError, K8sDumper, _child_model, parse_job
-from grpo_api.spec import (API_GROUP, API_VERSION, KIND, AdvEstimator, GRPOJob, GRPOJobSpec, PolicyLoss,
+from grpo_api.spec import (API_GROUP, API_VERSION, KIND, AdvEstimator, GRPOJob, GRPOJobSpec, KLType, PolicyLoss,
                            TrainerSpec)
 from grpo_api.verl_command import VerlConfig
 
@@ -341,6 +341,8 @@ def _max_resp_len(value, ctx):
 _DTYPE = _choice({"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
                   "half": "float16", "float32": "float32", "fp32": "float32", "float": "float32"}, what="dtype")
 _ESTIMATORS = {e.value: e.value for e in AdvEstimator}
+_KL_TYPE = _choice({t: t for t in typing.get_args(KLType)},
+                   {"full": "the full-vocabulary KL is not supported; use low_var_kl"}, "KL type")
 _POLICY_LOSSES = {name: name for name in typing.get_args(PolicyLoss)}
 _VLLM_KNOB = "a vLLM engine setting verl passes through; the rollout servers manage their own"
 _OFFLOAD = "FSDP2 offload/sharding tuning of verl's workers; the trainer shards with FSDP2 on its own terms"
@@ -359,10 +361,14 @@ RULES: tuple[Rule, ...] = (
     Map("algorithm.filter_groups.enable", "algorithm.filterGroups", "DAPO dynamic sampling"),
     Ignore("algorithm.filter_groups.*", "filterGroups drops the groups whose rewards are all equal; the metric "
            "and the regeneration limit are not settings here"),
-    Refuse("algorithm.use_kl_in_reward", "a KL penalty in the reward is not supported; use "
-           "actor_rollout_ref.actor.use_kl_loss=True (the GRPO way)", ok=(False,)),
-    Ignore("algorithm.kl_ctrl.*", "only used with use_kl_in_reward, which is off"),
-    Ignore("algorithm.kl_penalty", "only used with use_kl_in_reward, which is off"),
+    Map("algorithm.use_kl_in_reward", "algorithm.useKLInReward", "PPO's KL penalty in the reward"),
+    Map("algorithm.kl_penalty", "algorithm.klPenalty", "full is an error", _KL_TYPE),
+    Map("algorithm.kl_ctrl.type", "algorithm.klCtrl.type", "fixed, adaptive",
+        _choice({"fixed": "fixed", "adaptive": "adaptive"}, what="KL controller")),
+    Map("algorithm.kl_ctrl.kl_coef", "algorithm.klCtrl.klCoef"),
+    Map("algorithm.kl_ctrl.target_kl", "algorithm.klCtrl.targetKl"),
+    Map("algorithm.kl_ctrl.horizon", "algorithm.klCtrl.horizon"),
+    Ignore("algorithm.kl_ctrl.*", "a KL-controller setting with no counterpart here"),
     Map("algorithm.lam", "algorithm.lam", "GAE's lambda"),
     Refuse("algorithm.use_pf_ppo", "preference-feedback PPO reweighting is not supported", ok=(False,)),
     Ignore("algorithm.pf_ppo.*", "only used with use_pf_ppo, which is off"),
@@ -449,10 +455,7 @@ RULES: tuple[Rule, ...] = (
     Map("actor_rollout_ref.actor.entropy_coeff", "algorithm.entropyCoeff"),
     Map("actor_rollout_ref.actor.use_kl_loss", "algorithm.useKLLoss"),
     Map("actor_rollout_ref.actor.kl_loss_coef", "algorithm.klLossCoef"),
-    Map("actor_rollout_ref.actor.kl_loss_type", "algorithm.klLossType", "full is an error",
-        _choice({t: t for t in ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "kl+", "abs+", "k2+",
-                                "mse+", "k3+", "low_var_kl+")}, {"full": "the full-vocabulary KL is not supported; "
-                                "use low_var_kl"}, "KL type")),
+    Map("actor_rollout_ref.actor.kl_loss_type", "algorithm.klLossType", "full is an error", _KL_TYPE),
     Map("actor_rollout_ref.actor.grad_clip", "trainer.gradClip"),
     Map("actor_rollout_ref.actor.optim.clip_grad", "trainer.gradClip"),
     Map("actor_rollout_ref.actor.optim.lr", "trainer.lr"),

@@ -108,6 +108,17 @@ KLType = Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl",
                  "k1+", "kl+", "abs+", "k2+", "mse+", "k3+", "low_var_kl+"]
 
 
+class KLControl(_Model):
+    type: Literal["fixed", "adaptive"] = "fixed"
+    """fixed: the coefficient stays klCoef; adaptive: it moves toward targetKl (verl: algorithm.kl_ctrl.type)."""
+    kl_coef: float = Field(default=0.001, ge=0.0)
+    """The (initial) coefficient of the KL penalty in the reward (verl: algorithm.kl_ctrl.kl_coef)."""
+    target_kl: float = Field(default=0.1, gt=0.0)
+    """adaptive: the per-token KL it aims at (verl: algorithm.kl_ctrl.target_kl)."""
+    horizon: int = Field(default=10000, ge=1)
+    """adaptive: responses over which a 20 % correction is made (verl: algorithm.kl_ctrl.horizon)."""
+
+
 class AlgorithmSpec(_Model):
     adv_estimator: AdvEstimator = AdvEstimator.grpo
     """Advantage estimator (verl: algorithm.adv_estimator)."""
@@ -133,6 +144,12 @@ class AlgorithmSpec(_Model):
     """Weight of the KL loss (verl: actor.kl_loss_coef)."""
     kl_loss_type: KLType = Field(default="low_var_kl", alias="klLossType")
     """KL estimator: k1, k2 (mse), k3 (low_var_kl), abs; a '+' suffix uses k2's gradient (verl: actor.kl_loss_type)."""
+    use_kl_in_reward: bool = Field(default=False, alias="useKLInReward")
+    """Subtract klCtrl's coefficient x KL(policy || reference) from every response token's reward, before the advantages (PPO's way; verl: algorithm.use_kl_in_reward)."""
+    kl_penalty: KLType = Field(default="kl", alias="klPenalty")
+    """The KL estimator of the reward penalty (verl: algorithm.kl_penalty)."""
+    kl_ctrl: KLControl = Field(default=KLControl(), alias="klCtrl")
+    """The penalty's coefficient, fixed or adaptive (verl: algorithm.kl_ctrl)."""
     clip_ratio_low: float = Field(default=0.2, ge=0.0, lt=1.0)
     """Lower PPO clip epsilon (verl: actor.clip_ratio_low)."""
     clip_ratio_high: float = Field(default=0.2, ge=0.0)

@@ -289,8 +289,11 @@ def _resume_run(tmp: Path, name: str, model, data, reward, steps_then: list[int]
     return run_root(tmp / "store", name)
 
 
-# PPO: the critic (its weights, optimizer and LR schedule) is part of the checkpoint too.
-PPO = {"algorithm": {"advEstimator": "gae", "lam": 0.95}, "critic": {"lr": 1e-3, "lrWarmupSteps": 4}}
+# PPO: the critic (its weights, optimizer and LR schedule) is part of the checkpoint too, and so
+# is the adaptive coefficient of the KL penalty in the reward.
+PPO = {"algorithm": {"advEstimator": "gae", "lam": 0.95, "useKLInReward": True,
+                     "klCtrl": {"type": "adaptive", "klCoef": 0.05, "targetKl": 1e-4, "horizon": 40}},
+       "critic": {"lr": 1e-3, "lrWarmupSteps": 4}}
 
 
 @pytest.mark.parametrize("sections", [{}, PPO], ids=["grpo", "ppo"])
@@ -322,8 +325,11 @@ def test_resume_equivalence(tmp_path, tiny_model, quickstart_data, dense_reward,
     if sections:
         # a critic started afresh at step 3 (a new value head) would value and learn differently
         assert [r["critic/lr"] for r in mb] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
+        coefficients = [r["actor/reward_kl_penalty_coeff"] for r in mb]
+        assert coefficients[0] == 0.05 and len(set(coefficients)) == 4, coefficients   # it adapts every step
         for ra, rb in zip(ma, mb):
-            for key in ("critic/values/mean", "critic/vf_loss", "critic/returns/mean", "critic/advantages/std"):
+            for key in ("critic/values/mean", "critic/vf_loss", "critic/returns/mean", "critic/advantages/std",
+                        "actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff"):
                 assert ra[key] == pytest.approx(rb[key], rel=1e-4, abs=1e-6), (key, ra["step"])
     wa, wb = load_safetensors(straight / "hf" / "step-4"), load_safetensors(resumed / "hf" / "step-4")
     for name in wa:

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from grpo_trainer.algorithms import LossNormalizer, compute_gae_advantage_return, value_loss
+from grpo_trainer.algorithms import KLController, LossNormalizer, compute_gae_advantage_return, value_loss
 
 F64 = torch.float64
 
@@ -121,3 +121,17 @@ def test_value_loss_micro_batches_add_up_to_the_whole_batch():
         parts = sum(value_loss(vpreds[s], ret[s], old[s], mask[s], cliprange_value=0.2, loss_agg_mode=mode,
                                normalizer=norm)[0] for s in (slice(0, 2), slice(2, 4)))
         assert parts.item() == pytest.approx(whole.item(), abs=1e-12)
+
+
+def test_the_adaptive_kl_coefficient_moves_toward_the_target_by_hand():
+    """Ziegler et al. 2019 / verl: value *= 1 + clip(kl / target - 1, -0.2, 0.2) * n / horizon."""
+    ctrl = KLController("adaptive", 0.1, target_kl=0.02, horizon=1000)
+    ctrl.update(current_kl=0.021, n_steps=100)             # 5 % over: 1 + 0.05 * 100 / 1000
+    assert ctrl.value == pytest.approx(0.1 * 1.005, abs=1e-15)
+    ctrl.update(current_kl=0.1, n_steps=100)               # 400 % over, clipped to +20 %: 1 + 0.2 * 0.1
+    assert ctrl.value == pytest.approx(0.1 * 1.005 * 1.02, abs=1e-15)
+    ctrl.update(current_kl=0.0, n_steps=500)               # far under, clipped to -20 %: 1 - 0.2 * 0.5
+    assert ctrl.value == pytest.approx(0.1 * 1.005 * 1.02 * 0.9, abs=1e-15)
+    fixed = KLController("fixed", 0.1)
+    fixed.update(current_kl=5.0, n_steps=1000)
+    assert fixed.value == 0.1

@@ -303,7 +303,7 @@ def test_dapo_clip_higher_overlong_buffer_and_dynamic_sampling_field_by_field():
                  "trainBatchSize": 512, "maxPromptLength": 2048, "maxResponseLength": 8192, "truncation": "left"},
         "algorithm": {"advEstimator": "grpo", "lossAggMode": "token-mean", "useKLLoss": False, "klLossCoef": 0.0,
                       "clipRatioLow": 0.2, "clipRatioHigh": 0.28, "clipRatioC": 10.0, "entropyCoeff": 0,
-                      "filterGroups": True},
+                      "filterGroups": True, "useKLInReward": False},
         "reward": {"overlongBuffer": {"enable": True, "len": 4096, "penaltyFactor": 1.0}},
         "rollout": {"engine": "vllm", "n": 16, "tensorParallelSize": 4, "gpuMemoryUtilization": 0.8,
                     "temperature": 1.0, "topP": 1.0, "topK": -1, "valTemperature": 1.0,
@@ -382,8 +382,8 @@ def test_keys_with_no_meaning_here_are_warnings(monkeypatch, capsys):
                                                "supported; use vllm"),
     ("reward_model.enable=True reward_model.model.path=Skywork/RM", "reward_model.enable=True: model-based "
                                                                     "rewards (a reward model) are not supported"),
-    ("algorithm.use_kl_in_reward=True", "algorithm.use_kl_in_reward=True: a KL penalty in the reward is not "
-                                        "supported"),
+    ("algorithm.use_kl_in_reward=True algorithm.kl_penalty=full", "algorithm.kl_penalty='full': the "
+                                                                   "full-vocabulary KL is not supported"),
     ("actor_rollout_ref.model.lora_rank=64", "actor_rollout_ref.model.lora_rank=64: LoRA is not supported"),
     ("actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.strategy='megatron': the trainer is "
                                                   "FSDP2 only"),
@@ -427,6 +427,17 @@ VERL_PPO_EXAMPLE = """python3 -m verl.trainer.main_ppo algorithm.adv_estimator=g
     algorithm.lam=0.95 algorithm.gamma=0.99 trainer.critic_warmup=3 trainer.logger='["console"]' \
     trainer.project_name=verl_example_gsm8k trainer.experiment_name=deepseek_llm_7b_function_rm \
     trainer.n_gpus_per_node=8 trainer.nnodes=1 trainer.save_freq=20 trainer.test_freq=1 trainer.total_epochs=15"""
+
+
+def test_a_kl_penalty_in_the_reward_translates_with_its_controller():
+    t = translate(read_command(VERL_PPO_EXAMPLE + " algorithm.use_kl_in_reward=True algorithm.kl_penalty=low_var_kl "
+                               "algorithm.kl_ctrl.type=adaptive algorithm.kl_ctrl.kl_coef=0.01 "
+                               "algorithm.kl_ctrl.target_kl=0.05 algorithm.kl_ctrl.horizon=5000"))
+    assert t.errors == [], t.errors
+    algo = t.job.spec.algorithm
+    assert algo.use_kl_in_reward and algo.kl_penalty == "low_var_kl"
+    assert (algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl, algo.kl_ctrl.horizon) == \
+        ("adaptive", 0.01, 0.05, 5000)
 
 
 def test_verls_ppo_example_translates_with_its_critic():

@@ -195,7 +195,7 @@ def test_crd_schema_is_structural_and_documented():
     assert version["subresources"] == {"status": {}}
     columns = version["additionalPrinterColumns"]
     assert [c["name"] for c in columns if not c.get("priority")] == ["Phase", "Step", "Total", "Reward", "Val", "Age"]
-    assert [c["name"] for c in columns if c.get("priority") == 1] == ["Restarts", "Epoch", "Reason"]   # -o wide
+    assert [c["name"] for c in columns if c.get("priority") == 1] == ["Best", "Best-Step", "Restarts", "Epoch", "Reason"]  # -o wide
     assert build_crd()["spec"]["names"]["shortNames"] == ["gj"]
 
 

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 
 from grpo_api.spec import GRPOJobSpec, ModelSpec
 from grpo_trainer import batch as batching
-from grpo_trainer.algorithms import (LossNormalizer, entropy_from_logits, kl_penalty,
-                                     logprobs_from_logits, policy_loss)
+from grpo_trainer.algorithms import (KLController, LossNormalizer, compute_advantages, entropy_from_logits,
+                                     kl_penalty, logprobs_from_logits, masked_mean, policy_loss)
 from grpo_trainer.batch import MicroBatch, Sample
 from grpo_trainer.critic import Critic
 from grpo_trainer.model import build_optimizer, build_policy, build_reference, num_parameters
@@ -72,13 +72,23 @@ class Actor:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         compile = spec.trainer.use_torch_compile
         self.model = build_policy(model_spec, device, compile=compile)
+        algo = spec.algorithm
         self.ref = (build_reference(model_spec, device, cpu_offload=spec.trainer.ref_cpu_offload, compile=compile)
-                    if spec.algorithm.use_kl_loss else None)
+                    if algo.use_kl_loss or algo.use_kl_in_reward else None)
+        self.kl_ctrl = KLController(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl,
+                                    algo.kl_ctrl.horizon)
         self.optimizer, self.scheduler = build_optimizer(self.model, spec.trainer, total_steps)
         self.n_params = num_parameters(self.model)
         # PPO's value model: its values make the advantages (GAE) instead of the group's rewards.
         self.critic = (Critic(model_spec, spec, device=device, total_steps=total_steps)
                        if spec.algorithm.adv_estimator.value == "gae" else None)
+
+    def state_dict(self) -> dict:
+        """For the checkpoint, beside the models: the KL penalty's coefficient (adaptive, it moves)."""
+        return {"kl_coef": self.kl_ctrl.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.kl_ctrl.value = state.get("kl_coef", self.kl_ctrl.value)
 
     def checkpoint_parts(self) -> dict:
         """What a checkpoint holds: (model, optimizer, scheduler) by name."""
@@ -96,10 +106,11 @@ class Actor:
         minibatches = self._micro_batches(samples, trainer.micro_batch_size_per_gpu, trainer.max_tokens_per_gpu)
         timings: dict[str, float] = {}
         old_logp, ref_logp = self._logprobs(minibatches, off_policy, timings)
-        advantages = self._advantages(samples, minibatches, timings)
+        rewards, metrics = self._token_rewards(samples, minibatches, old_logp, ref_logp)
+        advantages = self._advantages(samples, minibatches, rewards, timings)
         adv = torch.cat(advantages)
-        metrics = {"critic/advantages/mean": float(adv.mean()),
-                   "critic/advantages/std": float(adv.std()) if len(adv) > 1 else 0.0}
+        metrics |= {"critic/advantages/mean": float(adv.mean()),
+                    "critic/advantages/std": float(adv.std()) if len(adv) > 1 else 0.0}
         tokens = sum(s.length for s in samples)
         passes = 0
         if self.critic is not None:
@@ -127,21 +138,43 @@ class Actor:
         result.timings = timings
         return result
 
-    def _advantages(self, samples: list[Sample], minibatches, timings: dict[str, float]) -> list[torch.Tensor]:
+    def _token_rewards(self, samples: list[Sample], minibatches, old_logp: dict,
+                       ref_logp: dict | None) -> tuple[torch.Tensor, dict[str, float]]:
+        """[N, T]: each response's reward on its last token; with algorithm.useKLInReward minus
+        klCtrl's coefficient x KL(old policy || reference) on every token (verl's apply_kl_penalty),
+        gathered over the ranks. The coefficient then adapts to the step's mean KL."""
+        rewards, mask = batching.token_rewards(samples)
+        algo = self.spec.algorithm
+        if not algo.use_kl_in_reward:
+            return rewards, {}
+        flat = [mb for mbs in minibatches for mb in mbs]
+        kld = batching.gather_response_values(
+            flat, [kl_penalty(old_logp[id(mb)], ref_logp[id(mb)], algo.kl_penalty) for mb in flat], samples,
+            width=rewards.shape[1])
+        if self.world > 1:
+            dist.all_reduce(kld)   # each sample's KL comes from the one rank that holds it
+        kld = kld.cpu() * mask
+        beta = self.kl_ctrl.value
+        current_kl = float(masked_mean(kld, mask, dim=-1).mean())
+        self.kl_ctrl.update(current_kl, n_steps=len(samples))
+        return rewards - beta * kld, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+
+    def _advantages(self, samples: list[Sample], minibatches, rewards: torch.Tensor,
+                    timings: dict[str, float]) -> list[torch.Tensor]:
         """Per sample, written into the micro-batches too: GAE from the critic's values, or the
-        outcome estimator's over the step's rewards."""
+        outcome estimator's over the step's (token-level) rewards."""
         algo = self.spec.algorithm
         if self.critic is not None:
             trainer, critic = self.spec.trainer, self.spec.critic
             own = self._micro_batches(samples, critic.micro_batch_size_per_gpu or trainer.micro_batch_size_per_gpu,
                                       critic.max_tokens_per_gpu or trainer.max_tokens_per_gpu)
-            padded = self.critic.estimate(samples, own, timings)
+            padded = self.critic.estimate(samples, own, rewards, timings)
         else:
             if self.rank == 0:
                 log.info("Computing group-relative advantages...")
-            advantages = batching.advantages_per_sample(samples, algo.adv_estimator.value,
-                                                        norm_adv_by_std=algo.norm_adv_by_std, gamma=algo.gamma)
-            padded = torch.nn.utils.rnn.pad_sequence(advantages, batch_first=True)
+            _, mask = batching.token_rewards(samples)
+            padded, _ = compute_advantages(algo.adv_estimator.value, rewards, mask, [s.uid for s in samples],
+                                           norm_adv_by_std=algo.norm_adv_by_std, gamma=algo.gamma)
         batching.set_response_values([mb for mbs in minibatches for mb in mbs], samples, "advantages", padded)
         return [padded[i, :len(s.response_ids)] for i, s in enumerate(samples)]
 
@@ -165,7 +198,8 @@ class Actor:
         if off_policy:
             # The policy that generated the samples, as the engine scored each token.
             old_logp = {id(mb): mb.behaviour_logprobs for mb in flat}
-        elif self.spec.trainer.ppo_epochs > 1 or len(minibatches) > 1:   # later updates are off-policy
+        elif (self.spec.trainer.ppo_epochs > 1 or len(minibatches) > 1     # later updates are off-policy
+              or self.spec.algorithm.use_kl_in_reward):                   # the reward's KL is the old policy's
             start = time.perf_counter()
             self.model.eval()
             old_logp = dict(zip(map(id, flat), compute_logprobs(self.model, flat, temperature)))

@@ -1,15 +1,54 @@
-"""`grpo trainer` (under torchrun) and `grpo export`. Heavy imports stay inside the functions."""
+"""`grpo trainer` (under torchrun), `grpo trainer --torchrun` (torchrun, reporting its workers' exit)
+and `grpo export`. Heavy imports stay inside the functions.
+
+Exit codes: 0 done; 2 bad input (the spec, the data, the model, a checkpoint: retrying can't
+help, so on Kubernetes the trainer Job's pod failure policy fails the job at once); anything
+else a crash. The reason of a bad-input exit is one `error: ...` line on stderr, which is also
+the container's termination message (/dev/termination-log), so the operator puts it in the
+job's status and events."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+
+TERMINATION_LOG_ENV = "GRPO_TERMINATION_LOG"
+"""Where the termination message goes (default /dev/termination-log, Kubernetes' default
+terminationMessagePath); written only when that file exists, as it does in a pod."""
+BAD_INPUT = 2
+
+
+def termination_message(message: str) -> None:
+    """`message` as the container's termination message, when there is one to write (a pod),
+    by the node's first worker only (every rank stops with the same message)."""
+    path = os.environ.get(TERMINATION_LOG_ENV, "/dev/termination-log")
+    if os.environ.get("LOCAL_RANK", "0") != "0" or not os.path.isfile(path):
+        return
+    try:
+        with open(path, "w") as f:
+            f.write(message.strip()[-4000:] + "\n")    # the kubelet keeps at most 4096 bytes
+    except OSError:
+        pass
+
+
+def _bad_input(message: str, *, say: bool = True) -> int:
+    """Say why the trainer can't run (once: `say` is False on the ranks that don't), as the
+    termination message too, and return the bad-input exit code."""
+    if say:
+        print(message, file=sys.stderr)
+    termination_message(message)
+    return BAD_INPUT
 
 
 def trainer(argv: list[str]) -> int:
     """The GRPO learner (run it under torchrun; `grpo run` and the operator do)."""
-    parser = argparse.ArgumentParser(prog="grpo trainer", description="The GRPO learner; run it under torchrun.")
+    if argv[:1] == ["--torchrun"]:
+        return torchrun(argv[1:])
+    parser = argparse.ArgumentParser(prog="grpo trainer", description="The GRPO learner; run it under torchrun. "
+                                     "`grpo trainer --torchrun TORCHRUN_ARGS...` runs torchrun itself and exits "
+                                     "with its first failed worker's exit code (2: bad input).")
     parser.add_argument("--spec", required=True, help="resolved GRPOJob YAML (what `grpo run`/the operator wrote)")
     parser.add_argument("--rollout", default=os.environ.get("GRPO_ROLLOUT_ADDRESSES", ""),
                         help="rollout servers: host:port,host:port or dns:///service:port (env GRPO_ROLLOUT_ADDRESSES)")
@@ -27,13 +66,11 @@ def trainer(argv: list[str]) -> int:
     try:
         job = load_job(args.spec, args.overrides)
     except JobError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+        return _bad_input(str(exc))
     try:
         auth, key = client_auth(), signing.read_key()
     except (TokenError, TLSError, signing.CheckpointKeyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _bad_input(f"error: {exc}")
     backend = "nccl" if job.spec.trainer.device != "cpu" and _cuda() else "gloo"
     dist.init_process_group(backend)
     try:
@@ -43,15 +80,51 @@ def trainer(argv: list[str]) -> int:
             t = Trainer(job, rollout_addresses=args.rollout, auth=auth, checkpoint_key=key, local=args.run_locally,
                         metrics_port=args.metrics_port)
         except (SetupError, FileNotFoundError, signing.ManifestError) as exc:
-            if dist.get_rank() == 0:   # every rank stops with the same message: say it once
-                print(f"error: {exc}", file=sys.stderr)
-            return 2
-        import signal
+            # Every rank stops with the same message: say it once.
+            return _bad_input(f"error: {exc}", say=dist.get_rank() == 0)
         signal.signal(signal.SIGTERM, lambda *_: t.request_stop())
         t.train()
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def torchrun(argv: list[str]) -> int:
+    """torchrun with `argv` (its flags, then the worker command), in this process. torchrun
+    itself exits 1 whatever its workers did, after a page of its own report; this exits with the
+    first failed worker's code instead (128+N for one killed by signal N, as a shell reports it),
+    so that Kubernetes sees the trainer's own exit code (2: bad input, which the trainer Job's pod
+    failure policy fails the job on), and ends the log with one line saying which worker failed
+    how. A worker that said why (bad input) has made that its termination message already; for a
+    crash the termination message is the end of the log (FallbackToLogsOnError)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+    args = get_args_parser().parse_args(argv)
+    try:
+        run(args)
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        code = failure.exitcode
+        if code < 0:
+            name = _signal_name(-code)
+            print(f"error: trainer rank {rank} (pid {failure.pid}) was killed by signal {-code} ({name})",
+                  file=sys.stderr)
+            return 128 - code
+        if code != BAD_INPUT:
+            print(f"error: trainer rank {rank} (pid {failure.pid}) exited with code {code}", file=sys.stderr)
+        return code or 1
+    except SignalException as exc:   # stopped (suspend, preemption): the workers checkpointed
+        print(f"trainer stopped by {_signal_name(exc.sigval)}", file=sys.stderr)
+        return 128 + int(exc.sigval)
+    return 0
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _cuda() -> bool:

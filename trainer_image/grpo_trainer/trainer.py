@@ -80,6 +80,7 @@ class Trainer:
         self._connect_rollouts(rollout_addresses, auth, datasets)
         self.validator = Validator(self.spec, self.rollouts)
         if resumed:
+            self.actor.load_state_dict(resumed)
             self.rollouts.load_state_dict(resumed)
             self.validator.score = resumed.get("validation_score")
 
@@ -165,7 +166,7 @@ class Trainer:
 
     def _checkpoint_state(self) -> dict:
         """What the components need back on resume (rank 0's is the one kept)."""
-        return {"policy_version": self.state.policy_version, **self.rollouts.state_dict(),
+        return {"policy_version": self.state.policy_version, **self.rollouts.state_dict(), **self.actor.state_dict(),
                 "validation_score": self.validator.score,
                 "trackers": self.metrics.tracker_runs() if self.metrics else {},
                 "model": self.spec.model.model_dump(mode="json", by_alias=True)}

@@ -8,7 +8,8 @@ Names and formulas follow verl's ``verl/trainer/ppo/core_algos.py``, one concept
 - ``losses``: ``policy_loss`` with vanilla (dual-clip PPO, clip-higher) and gspo (``POLICY_LOSSES``);
   the critic's clipped ``value_loss``.
 - ``aggregation``: ``aggregate_loss`` and ``LossNormalizer`` (exact gradient accumulation).
-- ``kl``: ``kl_penalty`` (k1, abs, k2, k3 and their ``+`` straight-through variants).
+- ``kl``: ``kl_penalty`` (k1, abs, k2, k3 and their ``+`` straight-through variants) and the
+  ``KLController`` of a KL penalty in the reward (fixed, adaptive).
 - ``logprobs``: chunked ``logprobs_from_logits`` / ``entropy_from_logits``.
 
 DAPO's dynamic sampling is the rollout source's (``RolloutSource._keep_informative_groups``) and its overlong
@@ -18,7 +19,7 @@ shaping is scored with the reward on the rollout servers (``grpo_rollout.rewards
 from .advantages import compute_advantages, compute_gae_advantage_return
 from .aggregation import LOSS_AGG_MODES, LossNormalizer, aggregate_loss, loss_denominator, loss_numerator
 from .groups import Groups
-from .kl import KL_TYPES, kl_penalty
+from .kl import KL_TYPES, KLController, kl_penalty
 from .logprobs import entropy_from_logits, logprobs_from_logits
 from .losses import policy_loss, value_loss
 from .masked import masked_mean, masked_sum, masked_var, masked_whiten
@@ -35,6 +36,7 @@ from .registry import (
 __all__ = [
     "ADV_ESTIMATORS",
     "KL_TYPES",
+    "KLController",
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",
     "Groups",

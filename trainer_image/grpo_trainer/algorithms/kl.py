@@ -69,3 +69,20 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.T
         return value
     k2 = _k2(logp, ref_logp)
     return k2 + (value - k2).detach()
+
+
+class KLController:
+    """The coefficient of the KL penalty in the reward (algorithm.useKLInReward; verl's
+    ``FixedKLController`` / ``AdaptiveKLController``). Adaptive (Ziegler et al. 2019): after each
+    step, ``value *= 1 + clip(current_kl / target_kl - 1, -0.2, 0.2) * n_steps / horizon``, with
+    ``n_steps`` the step's responses; fixed: ``value`` stays ``kl_coef``."""
+
+    def __init__(self, kind: str, kl_coef: float, target_kl: float = 0.1, horizon: int = 10000):
+        if kind not in ("fixed", "adaptive"):
+            raise ValueError(f"unknown KL controller {kind!r}; known: fixed, adaptive")
+        self.kind, self.value, self.target_kl, self.horizon = kind, kl_coef, target_kl, horizon
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        if self.kind == "adaptive":
+            error = min(max(current_kl / self.target_kl - 1, -0.2), 0.2)
+            self.value *= 1 + error * n_steps / self.horizon
