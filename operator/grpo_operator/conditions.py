@@ -14,11 +14,13 @@ Condition types the operator sets:
                  False (reason Admitted) once admitted
     Suspended    spec.runPolicy.suspend took effect (reason Suspending while the trainer stops)
     Succeeded    the trainer finished
-    Failed       the job failed for good (reason: BackoffLimitExceeded, DeadlineExceeded, ...)
+    Failed       the job failed for good (reason: BackoffLimitExceeded, DeadlineExceeded, BadInput:
+                 the trainer exited 2 and said why, not retried, ...)
     Invalid      the spec got past the CRD schema but not the operator's validation
-    TrainerFailed  a trainer attempt failed: the Job's reason, the exit code and the end of
-                 its log (the termination message); False again, with the same message, once
-                 the next attempt runs
+    TrainerFailed  a trainer attempt failed: the exit code (with its signal), the kubelet's
+                 reason (OOMKilled) and the end of its log or the trainer's `error:` line (the
+                 termination message); False again, with the same message, once the next
+                 attempt runs
     ProgressUnreadable  the operator can't read progress.json (no storage credentials, most
                  often): why the Step, Reward and Val columns stay empty
 """

@@ -32,6 +32,9 @@ from grpo_operator import conditions as cond
 from grpo_operator import names
 from grpo_operator.pods import PodsView
 
+BAD_INPUT_EXIT_CODE = 2
+"""The trainer's exit code for input it refuses (grpo_trainer.commands): not retried."""
+
 TERMINAL = (Phase.Succeeded, Phase.Failed)
 
 
@@ -319,11 +322,27 @@ def _wait_for_admission(s: _Draft, job: GRPOJob, obs: Observed) -> None:
 
 def _trainer_failed(s: _Draft, job: GRPOJob, t: TrainerJob, obs: Observed) -> None:
     limit = job.spec.run_policy.backoff_limit
-    detail = f"{t.reason}: {t.message}" if t.message else (t.reason or "failed")
-    if obs.pods.trainer_exits:  # what the trainer said last: the end of its log
-        detail += "; " + obs.pods.trainer_exits[0].describe()
+    exits = obs.pods.trainer_exits
+    bad = next((e for e in exits if e.exit_code == BAD_INPUT_EXIT_CODE), None)
+    if bad is not None or t.reason == "PodFailurePolicy":
+        # The trainer refused its input (exit 2: the spec, the data, the model, a checkpoint):
+        # the pod failure policy failed the Job at once, and no restart can help either.
+        cause = bad.describe() if bad is not None else (f"{t.reason}: {t.message}" if t.message else t.reason)
+        s.set("TrainerFailed", True, "BadInput", f"attempt {t.attempt}: {cause}")
+        s.finish(Phase.Failed, "BadInput", f"the trainer refused its input (exit code {BAD_INPUT_EXIT_CODE}; "
+                                           f"not retried: fix the spec and create the job again): {cause}")
+        return
+    # What the trainer said last (the end of its log) says more than the Job's own "reached the
+    # specified backoff limit" (its backoffLimit is 0: the restarts are the operator's).
+    exit_ = exits[0] if exits else None
+    if exit_ is not None:
+        detail = exit_.describe()
+        reason = exit_.reason if exit_.reason not in ("", "Error") else (t.reason or "Failed")
+    else:
+        detail = f"{t.reason}: {t.message}" if t.message else (t.reason or "failed")
+        reason = t.reason or "Failed"
     if t.attempt >= s.restarts:  # not counted (and said) before the operator restarted
-        s.set("TrainerFailed", True, t.reason or "Failed", f"attempt {t.attempt}: {detail}")
+        s.set("TrainerFailed", True, reason, f"attempt {t.attempt}: {detail}")
     if t.attempt < s.restarts:
         s.d.delete_trainer = True  # counted before the operator restarted; only replace it
         s.d.keep_pods = obs.pods.trainer_finished

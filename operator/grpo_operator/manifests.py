@@ -47,6 +47,9 @@ from grpo_operator.templates import merge_pod_template
 
 _SPEC_VOLUME, _SHM_VOLUME, _MODEL_VOLUME = "grpo-spec", "dshm", "model-cache"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+TRAINER_COMMAND = ["grpo", "trainer", "--torchrun"]
+BAD_INPUT_EXIT_CODE = 2
+"""The trainer's exit code for input it refuses (grpo_trainer.commands): retrying can't help."""
 
 
 def _meta(job: GRPOJob, name: str, component: str) -> dict[str, Any]:
@@ -305,7 +308,9 @@ def build_trainer_job(job: GRPOJob, settings: OperatorSettings, *, attempt: int 
     container = {
         "name": TRAINER,
         "image": settings.trainer_image,
-        "command": ["torchrun"],
+        # torchrun, run by `grpo trainer --torchrun`: the container exits with the failed worker's
+        # own code (2: bad input) where torchrun would exit 1 (grpo_trainer.commands.torchrun).
+        "command": TRAINER_COMMAND,
         "args": torchrun_args(job),
         "env": [*_torchrun_env(job), *_common_env(job), *_trainer_secrets(job)],
         **_tracker_env_from(job),
@@ -328,9 +333,14 @@ def build_trainer_job(job: GRPOJob, settings: OperatorSettings, *, attempt: int 
         # hostname are free by then.
         "podReplacementPolicy": "Failed",
         # Preemption, eviction and node drains are not the trainer's fault: the Job controller
-        # replaces the pod without failing the Job (it resumes from the checkpoint).
+        # replaces the pod without failing the Job (it resumes from the checkpoint). Bad input
+        # (exit 2: the spec, the data, the model, a checkpoint) can't go away by retrying: the
+        # Job fails with reason PodFailurePolicy, and the operator fails the GRPOJob at once.
+        # (A pod failure policy needs restartPolicy Never, which the pods have.)
         "podFailurePolicy": {"rules": [
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            {"action": "FailJob", "onExitCodes": {"containerName": TRAINER, "operator": "In",
+                                                  "values": [BAD_INPUT_EXIT_CODE]}},
         ]},
         "template": template,
         **({"suspend": True} if names.queue_name(job) is not None else {}),

@@ -8,6 +8,7 @@ and fails the job when it lasts past runPolicy.pendingDeadlineSeconds.
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,9 +40,20 @@ class PodExit:
     message: str
 
     def describe(self, max_chars: int = 700) -> str:
+        """`pod P exited with code C (SIGNAL, reason): the end of its termination message`;
+        codes above 128 are a signal's (128+N, as the trainer's launcher and a shell report it)."""
         tail = self.message.strip()[-max_chars:]
-        head = f"pod {self.pod} exited with code {self.exit_code}" + (f" ({self.reason})" if self.reason else "")
+        notes = [name for name in (_signal_name(self.exit_code - 128),) if name and self.exit_code > 128]
+        notes += [self.reason] if self.reason else []
+        head = f"pod {self.pod} exited with code {self.exit_code}" + (f" ({', '.join(notes)})" if notes else "")
         return f"{head}: {tail}" if tail else head
+
+
+def _signal_name(number: int) -> str | None:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)

@@ -198,6 +198,38 @@ def test_the_trainer_refuses_bad_input_before_writing_anything(case, tmp_path, t
     assert {p: _tree(p) for p in (work, model, storage)} == before  # nothing written, nothing lost
 
 
+@pytest.mark.integration
+def test_in_a_pod_the_trainers_error_is_the_exit_code_and_termination_message(tmp_path, tiny_model, train_data):
+    """Issue 36, bug 2: the trainer pod's command, `grpo trainer --torchrun ...` (torchrun in
+    the launcher's process), exits with the worker's own code 2, where torchrun exits 1, so the
+    trainer Job's pod failure policy can fail the job at once; the `error: ...` line is the
+    termination message (the kubelet's /dev/termination-log, here GRPO_TERMINATION_LOG); and no
+    torchrun report page ends the log."""
+    model = tmp_path / "no-model"
+    job = write_job(tmp_path / "job.yaml", name="bad", model=tiny_model, train=train_data, storage=tmp_path / "store",
+                    trainer={"nprocPerNode": 1})
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["model"]["path"] = str(model)
+    job.write_text(yaml.safe_dump(doc))
+    termination_log = tmp_path / "termination-log"
+    termination_log.touch()                               # the kubelet creates it, empty
+    pod_argv = [*grpo_cli(), "trainer", "--torchrun", *trainer_argv(job, "127.0.0.1:9", 1)[3:]]
+    proc = subprocess.run(pod_argv, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=child_env(GRPO_RPC_TOKEN="t", GRPO_TERMINATION_LOG=str(termination_log)))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-4000:]
+    said = termination_log.read_text().strip()
+    assert said.startswith(f"error: spec.model.path: '{model}' does not exist"), said
+    assert "ChildFailedError" not in out and "Root Cause" not in out, out[-3000:]
+
+    # A worker killed by a signal: 128+N, as a shell says it, and one line naming the signal.
+    killed = subprocess.run([*grpo_cli(), "trainer", "--torchrun", "--standalone", "--nproc-per-node=1",
+                             "--no-python", sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"],
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path, env=child_env())
+    assert killed.returncode == 137, killed.stderr[-3000:]
+    assert killed.stderr.strip().splitlines()[-1].endswith("was killed by signal 9 (SIGKILL)"), killed.stderr[-3000:]
+
+
 # --- `grpo run`: what can be checked before anything starts ----------------------------------------------
 
 @pytest.mark.parametrize("change, message", [

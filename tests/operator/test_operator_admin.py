@@ -1,6 +1,6 @@
 """The operator under an admin's hands (issue 36), against the real API server and controllers
 with the operator under the chart's RBAC: a changed chart default (`helm upgrade` of jobDefaults)
-reaches new jobs only. The tests play the kubelet, as in test_operator_controlplane.py."""
+reaches new jobs only; a failure says its cause, and bad input is not retried. The tests play the kubelet, as in test_operator_controlplane.py."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import signal
 
 import pytest
 
-from operator_helpers import eventually
-from test_operator_controlplane import Cluster
+from operator_helpers import eventually, kubectl
+from test_operator_controlplane import Cluster, table
 
 pytestmark = pytest.mark.controlplane
 
@@ -77,3 +77,58 @@ def test_a_chart_upgrade_of_job_defaults_reaches_new_jobs_only(k, operator):
         operator.env.clear()
         operator.env.update(saved)
         operator.start()
+
+
+def test_bad_input_fails_the_job_at_once_with_the_trainers_own_words(k, control_plane, kubectl_bin):
+    """Issue 36, bug 2: `model.path: /models/nope` was retried backoffLimit times, and the
+    Failed condition carried torchrun's boilerplate. The trainer exits 2 with its `error: ...`
+    line as the termination message; the trainer Job's pod failure policy fails the Job on exit
+    code 2 (the real Job controller here), and the operator fails the GRPOJob at once, saying it."""
+    said = "error: spec.model.path: '/models/nope' does not exist (give a local model folder, or a Hugging " \
+           "Face model id such as Qwen/Qwen3-8B)"
+    k.create(**{"runPolicy.backoffLimit": 3})
+    rank0 = next(p for p in k.trainer_pods(attempt=0) if p.spec.hostname == "demo-trainer-0")
+    k.kubelet(rank0, "Failed", exit_code=2, message=said)
+    st = k.wait_phase("Failed")
+    assert st["restarts"] == 0
+    failed = k.condition("Failed")
+    assert failed["reason"] == "BadInput"
+    assert failed["message"].endswith(f"pod {rank0.metadata.name} exited with code 2 (Error): {said}")
+    assert "FailJob rule" not in failed["message"] and "BackoffLimitExceeded" not in failed["message"]
+    job = k.trainer_job()
+    assert [c.reason for c in job.status.conditions if c.type == "Failed"] == ["PodFailurePolicy"]
+    assert job.metadata.labels["grpo.dev/attempt"] == "0"           # never retried
+    assert said in k.wait_event("BadInput").message
+    eventually(lambda: k.deployment().spec.replicas == 0, what="rollout scaled to zero")
+    wide = table(kubectl(kubectl_bin, control_plane, "-n", k.ns, "get", "gj", "-o", "wide").stdout)
+    assert (wide[0]["PHASE"], wide[0]["RESTARTS"], wide[0]["REASON"]) == ("Failed", "0", "BadInput")
+    described = kubectl(kubectl_bin, control_plane, "-n", k.ns, "describe", "gj", "demo").stdout
+    assert "spec.model.path: '/models/nope' does not exist" in described
+
+
+def test_a_killed_trainer_says_how_and_a_disrupted_pod_uses_no_restart(k):
+    """Issue 36, bug 2: an OOM kill reads `exited with code 137 (SIGKILL, OOMKilled)`; a pod
+    deleted by a drain or preemption (DisruptionTarget) is replaced by the Job controller without
+    failing the Job, so it counts against no backoff limit."""
+    k.create(**{"runPolicy.backoffLimit": 2})
+    pods = k.trainer_pods(attempt=0)
+    k.run_all()
+    k.wait_phase("Running")
+    rank1 = next(p for p in pods if p.spec.hostname == "demo-trainer-1")
+    k.core.patch_namespaced_pod_status(rank1.metadata.name, k.ns, {"status": {"phase": "Failed", "conditions": [
+        {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+         "message": "preempted", "lastTransitionTime": "2025-01-01T00:00:00Z"}]}})
+    eventually(lambda: len([p for p in k.pods("demo", "trainer") if p.spec.hostname == "demo-trainer-1"]) >= 2,
+               what="a replacement for the disrupted pod")
+    job = k.trainer_job()
+    assert not [c for c in job.status.conditions or [] if c.type == "Failed"]
+    assert k.status()["restarts"] == 0 and k.condition("TrainerFailed") is None
+
+    rank0 = next(p for p in pods if p.spec.hostname == "demo-trainer-0")
+    k.kubelet(rank0, "Failed", exit_code=137, reason="OOMKilled", message="step 3: loss 0.41")
+    st = k.wait_phase("Restarting")
+    assert st["restarts"] == 1
+    c = k.condition("TrainerFailed")
+    assert c["reason"] == "OOMKilled"
+    assert c["message"] == f"attempt 0: pod {rank0.metadata.name} exited with code 137 (SIGKILL, OOMKilled): step 3: loss 0.41"
+    assert "exited with code 137 (SIGKILL, OOMKilled)" in k.wait_event("TrainerFailed").message

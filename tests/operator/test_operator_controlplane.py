@@ -272,7 +272,7 @@ def test_trainer_failure_restarts_then_fails_after_backoff_limit(k, control_plan
     assert st["restarts"] == 1 and st["completionTime"]
     failed = k.condition("Failed")
     assert failed["reason"] == "BackoffLimitExceeded" and "runPolicy.backoffLimit=1" in failed["message"]
-    assert "exited with code 137 (Error): Killed" in failed["message"]
+    assert "exited with code 137 (SIGKILL, Error): Killed" in failed["message"]
     eventually(lambda: k.deployment().spec.replicas == 0, what="rollout scaled to zero")
     assert k.trainer_job().metadata.labels["grpo.dev/attempt"] == "1"   # kept for `kubectl logs`
     wide = table(kubectl(kubectl_bin, control_plane, "-n", k.ns, "get", "gj", "-o", "wide").stdout)

@@ -249,11 +249,13 @@ def test_a_failed_attempt_is_explained_and_its_pods_kept_until_the_next_one_runs
              trainer=TrainerJob(0, "failed", reason="BackoffLimitExceeded", message="Job has reached the limit"))
     assert d.delete_trainer and d.keep_pods == ("t-0",)
     (event,) = d.events
-    assert event.message.startswith("trainer failed (BackoffLimitExceeded: Job has reached the limit; pod t-0 "
-                                    "exited with code 1 (Error): Traceback ...\nRuntimeError: CUDA out of memory)")
+    # The trainer's own words, not the Job's boilerplate (its backoffLimit is 0: issue 36).
+    assert event.message.startswith("trainer failed (pod t-0 exited with code 1 (Error): Traceback ...\n"
+                                    "RuntimeError: CUDA out of memory)")
+    assert "Job has reached the limit" not in event.message
     failed = find(d.status.conditions, "TrainerFailed")
     assert failed.status == "True" and failed.reason == "BackoffLimitExceeded"
-    assert failed.message.startswith("attempt 0: BackoffLimitExceeded: Job has reached the limit; pod t-0 exited")
+    assert failed.message.startswith("attempt 0: pod t-0 exited with code 1 (Error): Traceback")
     # The next attempt: the old pod stays while it is pending, goes once it runs.
     pending = step(job(), d.status, trainer=TrainerJob(1), rollout_replicas=2, pods=PodsView(old_trainer=("t-0",)))
     assert pending.delete_pods == ()
@@ -262,6 +264,32 @@ def test_a_failed_attempt_is_explained_and_its_pods_kept_until_the_next_one_runs
     assert running.delete_pods == ("t-0",)
     recovered = find(running.status.conditions, "TrainerFailed")
     assert recovered.status == "False" and "the last failure: attempt 0: " in recovered.message
+
+
+def test_bad_input_fails_the_job_at_once_with_the_trainers_words():
+    """Exit 2 (issue 36, bug 2): the pod failure policy failed the Job; retrying can't help."""
+    said = "error: spec.model.path: '/models/nope' does not exist"
+    pods = PodsView(trainer_finished=("t-0",), trainer_exits=(PodExit("t-0", 2, "Error", said),))
+    d = step(job(), status(phase=Phase.Running, observed_generation=1), rollout_replicas=2, pods=pods,
+             trainer=TrainerJob(0, "failed", reason="PodFailurePolicy", message="Container trainer for pod x failed "
+                                "with exit code 2 matching FailJob rule at index 1"))
+    assert d.status.phase == Phase.Failed and d.status.restarts == 0 and d.create_trainer is None
+    assert d.rollout_replicas == 0 and not d.delete_trainer          # the failed Job stays, for its pods
+    failed = find(d.status.conditions, "Failed")
+    assert failed.reason == "BadInput" and failed.message.endswith(f"pod t-0 exited with code 2 (Error): {said}")
+    assert "matching FailJob rule" not in failed.message
+    assert find(d.status.conditions, "TrainerFailed").reason == "BadInput"
+    assert [e.reason for e in d.events] == ["BadInput"] and said in d.events[0].message
+
+
+def test_a_killed_trainer_says_its_signal_and_reason():
+    oom = PodsView(trainer_finished=("t-0",), trainer_exits=(PodExit("t-0", 137, "OOMKilled", "step 3"),))
+    d = step(job(), status(phase=Phase.Running, observed_generation=1), rollout_replicas=2, pods=oom,
+             trainer=TrainerJob(0, "failed", reason="BackoffLimitExceeded", message="Job has reached the limit"))
+    failed = find(d.status.conditions, "TrainerFailed")
+    assert failed.reason == "OOMKilled"
+    assert failed.message == "attempt 0: pod t-0 exited with code 137 (SIGKILL, OOMKilled): step 3"
+    assert d.status.phase == Phase.Restarting and d.status.restarts == 1
 
 
 def test_unreadable_progress_is_a_condition_with_one_event():

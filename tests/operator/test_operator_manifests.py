@@ -107,12 +107,16 @@ def test_trainer_job_is_indexed_with_torchrun_wiring():
     assert spec["completions"] == spec["parallelism"] == 2
     assert spec["backoffLimit"] == 0
     assert spec["podReplacementPolicy"] == "Failed"
-    assert spec["podFailurePolicy"]["rules"][0]["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
+    disruption, bad_input = spec["podFailurePolicy"]["rules"]
+    assert disruption == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    assert bad_input == {"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In",
+                                                             "values": [2]}}
     pod = spec["template"]["spec"]
     assert pod["subdomain"] == "demo-trainer" and pod["restartPolicy"] == "Never"
     assert spec["template"]["metadata"]["labels"][names.ATTEMPT_LABEL] == "2"
     (c,) = pod["containers"]
-    assert c["command"] == ["torchrun"]
+    assert c["command"] == ["grpo", "trainer", "--torchrun"]
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert c["args"] == [
         "--nnodes=2", "--nproc-per-node=4", "--node-rank=$(JOB_COMPLETION_INDEX)",
         "--master-addr=demo-trainer-0.demo-trainer", "--master-port=29500",
