@@ -21,6 +21,9 @@ Condition types the operator sets:
                  reason (OOMKilled) and the end of its log or the trainer's `error:` line (the
                  termination message); False again, with the same message, once the next
                  attempt runs
+    SecretMissing  a Secret the job's pods need doesn't exist (reason SecretNotFound, the message
+                 names it and the field: `secret "x" not found (spec.storage.secretRef)`); the
+                 job fails once it lasts the operator's missing_secret_grace_seconds
     ProgressUnreadable  the operator can't read progress.json (no storage credentials, most
                  often): why the Step, Reward and Val columns stay empty
 """

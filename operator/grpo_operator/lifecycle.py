@@ -88,6 +88,10 @@ class Observed:
     kueue_message: str | None = None
     """Why Kueue doesn't admit the suspended trainer Job (its Workload's QuotaReserved message)."""
     runs_with: str = ""
+    progress_hint: str = ""
+    """What would let the operator read progress.json (said with progress_error)."""
+    missing_secret_grace_seconds: float = 60.0
+    """How long pods may wait for a Secret that doesn't exist before the job fails."""
     """The pinned operator defaults the job's pods are built with, in words (its images)."""
 
 
@@ -162,7 +166,7 @@ def decide(job: GRPOJob | None, errors: list[str], status: GRPOJobStatus, obs: O
     if obs.progress is not None:
         s.progress = obs.progress
     if obs.progress_read:
-        _progress_readable(s, obs.progress_error)
+        _progress_readable(s, obs.progress_error, obs.progress_hint or DEFAULT_PROGRESS_HINT)
     if errors:
         _invalid(s, errors, obs)
     elif s.phase in TERMINAL:
@@ -180,15 +184,17 @@ def decide(job: GRPOJob | None, errors: list[str], status: GRPOJobStatus, obs: O
     return s.decision(obs.generation)
 
 
-def _progress_readable(s: _Draft, error: str | None) -> None:
+DEFAULT_PROGRESS_HINT = ("Give the operator read access to spec.storage (Helm values operator.storageCredentialsSecret, "
+                         "or operator.readStorageSecrets=true to use spec.storage.secretRef)")
+
+
+def _progress_readable(s: _Draft, error: str | None, hint: str = DEFAULT_PROGRESS_HINT) -> None:
     """Step, Reward and Val come from progress.json: say why they stay empty."""
     if error is None:
         if cond.find(s.conditions, "ProgressUnreadable"):
             s.set("ProgressUnreadable", False, "ProgressRead", "")
         return
-    message = (f"the operator can't read the job's progress.json, so Step, Reward and Val stay empty: {error}. "
-               f"Give the operator read access to spec.storage (Helm values operator.storageCredentialsSecret, "
-               f"or operator.readStorageSecrets=true to use spec.storage.secretRef)")
+    message = f"the operator can't read the job's progress.json, so Step, Reward and Val stay empty: {error}. {hint}"
     if not cond.is_true(s.conditions, "ProgressUnreadable"):
         s.event("Warning", "ProgressUnreadable", message)
     s.set("ProgressUnreadable", True, "StorageUnreadable", message)
@@ -268,6 +274,7 @@ def _run(s: _Draft, job: GRPOJob, obs: Observed, old: GRPOJobStatus) -> None:
         else:
             s.set("Running", False, s.phase.value, "waiting for the trainer Job")
             _pods_pending(s, True, obs)
+            _missing_secret(s, job, obs, True)
     elif t.outcome == "succeeded":
         s.d.rollout_replicas = 0
         s.finish(Phase.Succeeded, "TrainerSucceeded", "the trainer finished")
@@ -300,6 +307,7 @@ def _run(s: _Draft, job: GRPOJob, obs: Observed, old: GRPOJobStatus) -> None:
         s.set("Running", running, "TrainerRunning" if running else "PodsNotRunning",
               "" if running else "waiting for the trainer pods to run")
         _pods_pending(s, not (running and rollout_ok), obs)
+        _missing_secret(s, job, obs, not (running and rollout_ok))
     _deadlines(s, job, obs)
 
 
@@ -360,6 +368,32 @@ def _trainer_failed(s: _Draft, job: GRPOJob, t: TrainerJob, obs: Observed) -> No
                  f"the trainer failed {s.restarts + 1} time(s) (runPolicy.backoffLimit={limit}); last: {detail}")
 
 
+def secret_field(job: GRPOJob, secret: str) -> str:
+    """Which field of the job names `secret` (for a message that says what to fix)."""
+    if secret == job.spec.storage.secret_ref:
+        return "spec.storage.secretRef"
+    if secret == job.spec.trainer.tracker_secret_ref:
+        return "spec.trainer.trackerSecretRef"
+    return "a pod template's env or envFrom (spec.trainer.template, spec.rollout.template)"
+
+
+def _missing_secret(s: _Draft, job: GRPOJob, obs: Observed, waiting: bool) -> None:
+    """A Secret the job's pods need that doesn't exist: condition SecretMissing (reason
+    SecretNotFound) naming it and the field, from the kubelet's CreateContainerConfigError; the
+    job fails once it lasts missing_secret_grace_seconds (_deadlines)."""
+    problem = next((p for p in obs.pods.problems if p.missing_secret), None) if waiting else None
+    if problem is None:
+        if cond.is_true(s.conditions, "SecretMissing"):
+            s.set("SecretMissing", False, "SecretFound", "")
+        return
+    message = f'secret "{problem.missing_secret}" not found ({secret_field(job, problem.missing_secret)})'
+    old = cond.find(s.conditions, "SecretMissing")
+    if old is None or old.status != "True" or old.message != message:
+        s.event("Warning", "SecretNotFound", f"{message}: pod {problem.pod} can't start; the job fails if it is "
+                                             f"still missing {obs.missing_secret_grace_seconds:g}s after the first sign")
+    s.set("SecretMissing", True, "SecretNotFound", message)
+
+
 def _pods_pending(s: _Draft, waiting: bool, obs: Observed) -> None:
     if not waiting:
         if cond.find(s.conditions, "PodsPending"):
@@ -376,6 +410,13 @@ def _pods_pending(s: _Draft, waiting: bool, obs: Observed) -> None:
 
 def _deadlines(s: _Draft, job: GRPOJob, obs: Observed) -> None:
     rp = job.spec.run_policy
+    missing_since = cond.true_since(s.conditions, "SecretMissing")
+    if missing_since is not None and s.now >= missing_since + timedelta(seconds=obs.missing_secret_grace_seconds):
+        c = cond.find(s.conditions, "SecretMissing")
+        _fail_now(s, obs, "SecretNotFound", f"{c.message}: the pods can't start without it (still missing after "
+                                            f"{obs.missing_secret_grace_seconds:g}s); create it, or fix the field, "
+                                            f"and create the job again")
+        return
     started = cond.parse_time(s.start_time)
     if rp.active_deadline_seconds is not None and started is not None \
             and s.now >= started + timedelta(seconds=rp.active_deadline_seconds):

@@ -8,6 +8,7 @@ and fails the job when it lasts past runPolicy.pendingDeadlineSeconds.
 
 from __future__ import annotations
 
+import re
 import signal
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,16 @@ class PodProblem:
 
     def describe(self) -> str:
         return f"pod {self.pod}: {self.reason}" + (f": {self.message}" if self.message else "")
+
+    @property
+    def missing_secret(self) -> str | None:
+        """The Secret the kubelet can't find for the pod's env/envFrom (CreateContainerConfigError:
+        `secret "NAME" not found`), if that is the problem."""
+        found = _SECRET_NOT_FOUND.search(self.message) if self.reason == "CreateContainerConfigError" else None
+        return found.group(1) if found else None
+
+
+_SECRET_NOT_FOUND = re.compile(r'secret "([^"]+)" not found')
 
 
 @dataclass(frozen=True)

@@ -209,15 +209,20 @@ class Reconciler:
         finishing = trainer is not None and trainer.outcome != "active" and not finished
         progress = progress_error = None
         read_now = job is not None and (finishing or (read and not finished))
+        hint = ""
         if read_now:
-            progress, progress_error = read_progress(job, self._storage_env(job))
+            env, progress_error = self._storage_env(job)
+            if progress_error is None:
+                progress, progress_error = read_progress(job, env)
+            hint = self._progress_hint(job, progress_error)
             self._log_progress_error((ns, name), progress_error)
         return lifecycle.Observed(
             generation=generation, trainer=trainer, pods=pods.view(pod_list, attempt=attempt),
             rollout_replicas=replicas, progress=progress, progress_error=progress_error if read_now else None,
             progress_read=read_now, children_applied=self._applied.get((ns, name)) == (uid, generation),
             kueue_message=kueue_message,
-            runs_with=f"trainer image {settings.trainer_image}, rollout image {settings.rollout_image}")
+            runs_with=f"trainer image {settings.trainer_image}, rollout image {settings.rollout_image}",
+            progress_hint=hint, missing_secret_grace_seconds=self.settings.missing_secret_grace_seconds)
 
     def _why_not_admitted(self, ns: str, job_uid: str) -> str | None:
         """Kueue's reason for not admitting the trainer Job (no quota, no such LocalQueue, ...):
@@ -317,15 +322,32 @@ class Reconciler:
             cached = self._apis[group_version] = (now, self.kube.has_api(group_version))
         return cached[1]
 
-    def _storage_env(self, job: GRPOJob) -> Mapping[str, str]:
-        """S3 credentials for reading progress.json: the operator's own, or (when allowed) the
-        job's secretRef's."""
+    def _uses_storage_secret(self, job: GRPOJob) -> bool:
         ref = job.spec.storage.secret_ref
-        if not (self.settings.read_storage_secrets and ref and job.spec.storage.uri.startswith("s3://")):
-            return self.env
+        return bool(self.settings.read_storage_secrets and ref and job.spec.storage.uri.startswith("s3://"))
+
+    def _storage_env(self, job: GRPOJob) -> tuple[Mapping[str, str], str | None]:
+        """S3 credentials for reading progress.json: the operator's own, or (when allowed) the
+        job's secretRef's; and why not, when that Secret doesn't exist."""
+        if not self._uses_storage_secret(job):
+            return self.env, None
+        ref = job.spec.storage.secret_ref
         secret = self.kube.get("v1", "Secret", job.metadata.namespace, ref)
-        data = (secret or {}).get("data") or {}
-        return {**self.env, **{k: base64.b64decode(v).decode() for k, v in data.items() if k.startswith("AWS_")}}
+        if secret is None:
+            return self.env, f'secret "{ref}" not found (spec.storage.secretRef)'
+        data = secret.get("data") or {}
+        return {**self.env, **{k: base64.b64decode(v).decode() for k, v in data.items() if k.startswith("AWS_")}}, None
+
+    def _progress_hint(self, job: GRPOJob, error: str | None) -> str:
+        """What fixes an unreadable progress.json, given how this operator reads it (issue 36: it
+        told an admin to set operator.readStorageSecrets=true, which was set)."""
+        if error is None:
+            return ""
+        if self._uses_storage_secret(job):
+            return (f"The operator reads it with the Secret spec.storage.secretRef names "
+                    f"({job.spec.storage.secret_ref!r}, operator.readStorageSecrets=true): create it, or give it "
+                    f"AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY that can read spec.storage")
+        return lifecycle.DEFAULT_PROGRESS_HINT
 
 
 def _owned_by(obj: dict, uid: str) -> bool:

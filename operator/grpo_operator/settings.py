@@ -99,6 +99,10 @@ class OperatorSettings:
     credential) is used instead."""
     field_manager: str = "grpo-operator"
     """Server-side apply field manager of the children."""
+    missing_secret_grace_seconds: float = 60.0
+    """How long a job's pods may wait for a Secret the job names (spec.storage.secretRef,
+    spec.trainer.trackerSecretRef, a template's env) that doesn't exist before the job fails
+    (reason SecretNotFound), instead of waiting the whole pending deadline."""
 
     # --- per job -----------------------------------------------------------------------------
 

@@ -50,6 +50,7 @@ class OperatorProcess:
                     "GRPO_OPERATOR_METRICS_PORT": str(self.metrics_port),
                     "GRPO_OPERATOR_LIVENESS_ENDPOINT": f"http://127.0.0.1:{self.health_port}/healthz",
                     "GRPO_OPERATOR_TRAINER_TERMINATION_GRACE_SECONDS": "30",
+                    "GRPO_OPERATOR_MISSING_SECRET_GRACE_SECONDS": "8",
                     **{f"GRPO_OPERATOR_{k.upper()}": v for k, v in settings.items()}}
         self.proc: subprocess.Popen | None = None
         self.starts = 0

@@ -1,6 +1,7 @@
 """The operator under an admin's hands (issue 36), against the real API server and controllers
 with the operator under the chart's RBAC: a changed chart default (`helm upgrade` of jobDefaults)
-reaches new jobs only; a failure says its cause, and bad input is not retried. The tests play the kubelet, as in test_operator_controlplane.py."""
+reaches new jobs only; a failure says its cause, and bad input is not retried; a missing Secret
+is named and fails the job soon. The tests play the kubelet, as in test_operator_controlplane.py."""
 
 from __future__ import annotations
 
@@ -132,3 +133,25 @@ def test_a_killed_trainer_says_how_and_a_disrupted_pod_uses_no_restart(k):
     assert c["reason"] == "OOMKilled"
     assert c["message"] == f"attempt 0: pod {rank0.metadata.name} exited with code 137 (SIGKILL, OOMKilled): step 3: loss 0.41"
     assert "exited with code 137 (SIGKILL, OOMKilled)" in k.wait_event("TrainerFailed").message
+
+
+def test_a_missing_secret_is_named_and_fails_the_job_after_a_short_grace(k):
+    """Issue 36, bug 4: with `storage.secretRef: does-not-exist` the job waited the whole pending
+    deadline, and ProgressUnreadable gave a wrong hint. The kubelet's CreateContainerConfigError
+    becomes a condition naming the Secret and the field, and the job fails after the operator's
+    missing_secret_grace_seconds (8 s in these tests; 60 s by default), not the 900 s deadline."""
+    k.create(**{"storage.secretRef": "does-not-exist", "runPolicy.pendingDeadlineSeconds": 900})
+    for p in k.trainer_pods():
+        k.kubelet(p, "Pending", waiting="CreateContainerConfigError", message='secret "does-not-exist" not found')
+    c = eventually(lambda: (c := k.condition("SecretMissing")) and c["status"] == "True" and c,
+                   what="the SecretMissing condition")
+    assert (c["reason"], c["message"]) == ("SecretNotFound", 'secret "does-not-exist" not found (spec.storage.secretRef)')
+    assert k.wait_event("SecretNotFound").type == "Warning"
+    k.wait_phase("Failed", timeout=40)
+    failed = k.condition("Failed")
+    assert failed["reason"] == "SecretNotFound"
+    assert failed["message"].startswith('secret "does-not-exist" not found (spec.storage.secretRef): the pods can\'t start')
+    eventually(lambda: k.trainer_job() is None, what="the pending trainer Job removed")
+    eventually(lambda: k.deployment().spec.replicas == 0, what="rollout scaled to zero")
+    unreadable = k.condition("ProgressUnreadable")
+    assert unreadable is None or unreadable["status"] == "False"       # file:// storage: readable, no hint

@@ -292,6 +292,28 @@ def test_a_killed_trainer_says_its_signal_and_reason():
     assert d.status.phase == Phase.Restarting and d.status.restarts == 1
 
 
+def test_a_missing_secret_is_named_then_fails_the_job_after_the_grace():
+    from datetime import timedelta
+
+    from grpo_operator.pods import PodProblem
+    missing = PodsView(problems=(PodProblem("t-0", "CreateContainerConfigError", 'secret "trk" not found'),))
+    j = job(**{"trainer.trackerSecretRef": "trk"})
+    d = step(j, status(phase=Phase.Pending, observed_generation=1), trainer=TrainerJob(0), rollout_replicas=2,
+             pods=missing, missing_secret_grace_seconds=30)
+    c = find(d.status.conditions, "SecretMissing")
+    assert (c.status, c.reason, c.message) == ("True", "SecretNotFound",
+                                                'secret "trk" not found (spec.trainer.trackerSecretRef)')
+    assert d.status.phase == Phase.Pending and "SecretNotFound" in reasons(d)
+    later = step(j, d.status, trainer=TrainerJob(0), rollout_replicas=2, pods=missing, missing_secret_grace_seconds=30,
+                 now=T0 + timedelta(seconds=31))
+    assert later.status.phase == Phase.Failed and find(later.status.conditions, "Failed").reason == "SecretNotFound"
+    assert later.delete_trainer and later.rollout_replicas == 0
+    # Created meanwhile: the condition goes False, nothing fails.
+    found = step(j, d.status, trainer=TrainerJob(0), rollout_replicas=2, pods=RUNNING, missing_secret_grace_seconds=30,
+                 now=T0 + timedelta(seconds=31))
+    assert found.status.phase == Phase.Running and find(found.status.conditions, "SecretMissing").status == "False"
+
+
 def test_unreadable_progress_is_a_condition_with_one_event():
     st = status(phase=Phase.Running, observed_generation=1)
     denied = "s3:// storage needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment"
