@@ -240,6 +240,43 @@ def _warmup_ratio(steps_key: str):
     return convert
 
 
+def _nullish(value) -> bool:
+    return value is None or (isinstance(value, str) and value.strip().lower() in ("null", "none", ""))
+
+
+def _rollout_is(value, ctx):
+    if _nullish(value):
+        return SKIP
+    if value not in ("token", "sequence"):
+        raise Unsupported(f"{value!r} is not an importance-weight level here; supported: token, sequence")
+    return value
+
+
+def _rollout_rs(value, ctx):
+    if _nullish(value):
+        return SKIP
+    options = [o.strip() for o in str(value).split(",") if o.strip()]
+    if "binary_kl" in options:
+        raise Unsupported("binary_kl (KPop) rejection is not supported; use token_k1 or seq_mean_k1")
+    return options
+
+
+def _threshold(enabled_by: str, part: int):
+    """A threshold's upper (part 1) or, of 'lower_upper', lower (part 0) bound; nothing while the
+    key that turns its mechanism on is off."""
+    def convert(value, ctx):
+        if _nullish(ctx.flat.get(enabled_by)) or _nullish(value):
+            return SKIP
+        specs = {v.strip() for v in str(value).split(",") if v.strip()}
+        if len(specs) > 1:
+            raise Unsupported("one threshold for every rollout_rs option here")
+        bounds = specs.pop().split("_")
+        if part == 0 and len(bounds) == 1:
+            return SKIP
+        return float(bounds[part] if len(bounds) == 2 else bounds[0])
+    return convert
+
+
 def _critic_enable(value, ctx):
     gae = ctx.get("algorithm.adv_estimator") == "gae"
     if value is False and gae:
@@ -372,8 +409,29 @@ RULES: tuple[Rule, ...] = (
     Map("algorithm.lam", "algorithm.lam", "GAE's lambda"),
     Refuse("algorithm.use_pf_ppo", "preference-feedback PPO reweighting is not supported", ok=(False,)),
     Ignore("algorithm.pf_ppo.*", "only used with use_pf_ppo, which is off"),
-    Ignore("algorithm.rollout_correction.*", "no separate correction: with rollout.maxStaleness 1 the PPO ratio "
-           "is taken against the rollout's behaviour logprobs"),
+    Map("algorithm.rollout_correction.rollout_is", "algorithm.rolloutCorrection.rolloutIs", "token, sequence",
+        _rollout_is),
+    Map("algorithm.rollout_correction.rollout_is_threshold", "algorithm.rolloutCorrection.rolloutIsThreshold",
+        "'lower_upper' (IcePop) sets the lower bound too", _threshold("algorithm.rollout_correction.rollout_is", 1)),
+    Map("algorithm.rollout_correction.rollout_is_threshold", "algorithm.rolloutCorrection.rolloutIsThresholdLower",
+        "the lower of 'lower_upper'", _threshold("algorithm.rollout_correction.rollout_is", 0)),
+    Map("algorithm.rollout_correction.rollout_rs", "algorithm.rolloutCorrection.rolloutRs", "comma-separated "
+        "token_k*, seq_sum_k*, seq_mean_k*, seq_max_k*; binary_kl is an error", _rollout_rs),
+    Map("algorithm.rollout_correction.rollout_rs_threshold", "algorithm.rolloutCorrection.rolloutRsThreshold",
+        "one threshold for every option; 'lower_upper' for k1", _threshold("algorithm.rollout_correction.rollout_rs", 1)),
+    Map("algorithm.rollout_correction.rollout_rs_threshold", "algorithm.rolloutCorrection.rolloutRsThresholdLower",
+        "the lower of 'lower_upper'", _threshold("algorithm.rollout_correction.rollout_rs", 0)),
+    Map("algorithm.rollout_correction.rollout_rs_threshold_lower", "algorithm.rolloutCorrection.rolloutRsThresholdLower",
+        "older form", lambda v, ctx: SKIP if _nullish(v) else float(v)),
+    Map("algorithm.rollout_correction.bypass_mode", "algorithm.rolloutCorrection.bypassMode",
+        "the engine's log-probs as the old policy", lambda v, ctx: True if v and not _nullish(v) else SKIP),
+    Refuse("algorithm.rollout_correction.rollout_token_veto_threshold", "the per-token veto is not supported; use "
+           "rollout_rs=token_k1", ok=(None, "null", "none", "None")),
+    Refuse("algorithm.rollout_correction.rollout_is_batch_normalize", "batch-normalized IS weights are not "
+           "supported", ok=(False, None, "false", "False")),
+    Refuse("algorithm.rollout_correction.use_policy_gradient", "the policy-gradient loss of bypass mode is not "
+           "supported (the PPO loss is)", ok=(False, None, "false", "False")),
+    Ignore("algorithm.rollout_correction.*", "a rollout-correction setting with no counterpart here"),
     # data
     Map("data.train_files", "data.trainFiles", "a path or a list; local paths become file:// URIs", _files),
     Map("data.val_files", "data.valFiles", "as train_files", _files),

@@ -119,6 +119,31 @@ class KLControl(_Model):
     """adaptive: responses over which a 20 % correction is made (verl: algorithm.kl_ctrl.horizon)."""
 
 
+RolloutRS = Literal["token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+                    "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3"]
+
+
+class RolloutCorrection(_Model):
+    """Correction for the mismatch between the rollout engine's log-probs and the trainer's (verl's
+    algorithm.rollout_correction, decoupled mode: the trainer recomputes the old policy, and weights
+    or rejects tokens by pi_old / pi_rollout), or verl's bypass mode."""
+
+    rollout_is: Literal["token", "sequence"] | None = None
+    """Importance weights pi_old / pi_rollout per token, or their product per response; null: none (verl: rollout_is)."""
+    rollout_is_threshold: float = Field(default=2.0, gt=0.0)
+    """Weights are truncated at this (TIS) (verl: rollout_is_threshold)."""
+    rollout_is_threshold_lower: float | None = Field(default=None, gt=0.0)
+    """With it, weights outside [lower, threshold] are zeroed instead (IcePop; verl: rollout_is_threshold "lower_upper")."""
+    rollout_rs: list[RolloutRS] = []
+    """Rejection tests, all must pass: token_k1 keeps tokens whose ratio lies in [lower, threshold]; k2/k3 bound a divergence; seq_sum/seq_mean/seq_max test the response's sum/mean/max and keep or drop it whole (verl: rollout_rs)."""
+    rollout_rs_threshold: float | None = Field(default=None, gt=0.0)
+    """Upper bound of the rejection tests (for k1 a ratio) (verl: rollout_rs_threshold)."""
+    rollout_rs_threshold_lower: float | None = Field(default=None, gt=0.0)
+    """k1's lower ratio bound; null: 1 / rolloutRsThreshold (verl: rollout_rs_threshold "lower_upper")."""
+    bypass_mode: bool = False
+    """Take the engine's log-probs as the old policy (no recomputation, the ratio anchors on the policy that sampled); nothing is then left to weight or reject (verl: bypass_mode)."""
+
+
 class AlgorithmSpec(_Model):
     adv_estimator: AdvEstimator = AdvEstimator.grpo
     """Advantage estimator (verl: algorithm.adv_estimator)."""
@@ -150,6 +175,8 @@ class AlgorithmSpec(_Model):
     """The KL estimator of the reward penalty (verl: algorithm.kl_penalty)."""
     kl_ctrl: KLControl = Field(default=KLControl(), alias="klCtrl")
     """The penalty's coefficient, fixed or adaptive (verl: algorithm.kl_ctrl)."""
+    rollout_correction: RolloutCorrection | None = None
+    """Rollout-vs-trainer mismatch correction (TIS, MIS, bypass); null: off (verl: algorithm.rollout_correction)."""
     clip_ratio_low: float = Field(default=0.2, ge=0.0, lt=1.0)
     """Lower PPO clip epsilon (verl: actor.clip_ratio_low)."""
     clip_ratio_high: float = Field(default=0.2, ge=0.0)
@@ -507,6 +534,21 @@ def _group_needs_n(s: GRPOJobSpec) -> str | None:
     return None
 
 
+def _rs_needs_threshold(s: GRPOJobSpec) -> str | None:
+    rc = s.algorithm.rollout_correction
+    if rc and rc.rollout_rs and rc.rollout_rs_threshold is None:
+        return f"must be set with rolloutRs {rc.rollout_rs}"
+    return None
+
+
+def _bypass_alone(s: GRPOJobSpec) -> str | None:
+    rc = s.algorithm.rollout_correction
+    if rc and rc.bypass_mode and (rc.rollout_is or rc.rollout_rs):
+        return ("bypassMode takes the engine's log-probs as the old policy: there is no pi_old / pi_rollout left "
+                "to weight or reject; unset rolloutIs and rolloutRs, or bypassMode")
+    return None
+
+
 def _mini_divides_batch(s: GRPOJobSpec) -> str | None:
     if s.data.train_batch_size % s.trainer.mini_batch_size:
         return (f"must divide data.trainBatchSize (got miniBatchSize {s.trainer.mini_batch_size}, "
@@ -587,6 +629,18 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         f"!(self.algorithm.advEstimator in {_GROUP_LIST}) || self.rollout.n >= 2",
         "rollout.n must be >= 2 for group estimators (grpo, rloo, reinforce_plus_plus_baseline, opo)",
         _group_needs_n),
+    CrossFieldRule(
+        "algorithm.rolloutCorrection.rolloutRsThreshold",
+        "!has(self.algorithm.rolloutCorrection) || size(self.algorithm.rolloutCorrection.rolloutRs) == 0 || "
+        "has(self.algorithm.rolloutCorrection.rolloutRsThreshold)",
+        "algorithm.rolloutCorrection.rolloutRsThreshold must be set with rolloutRs",
+        _rs_needs_threshold),
+    CrossFieldRule(
+        "algorithm.rolloutCorrection.bypassMode",
+        "!has(self.algorithm.rolloutCorrection) || !self.algorithm.rolloutCorrection.bypassMode || "
+        "(!has(self.algorithm.rolloutCorrection.rolloutIs) && size(self.algorithm.rolloutCorrection.rolloutRs) == 0)",
+        "algorithm.rolloutCorrection.bypassMode excludes rolloutIs and rolloutRs",
+        _bypass_alone),
     CrossFieldRule(
         "trainer.miniBatchSize",
         "self.data.trainBatchSize % self.trainer.miniBatchSize == 0",

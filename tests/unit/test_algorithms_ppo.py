@@ -4,6 +4,7 @@ eq. 16) run over each response's own tokens in plain Python."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -135,3 +136,46 @@ def test_the_adaptive_kl_coefficient_moves_toward_the_target_by_hand():
     fixed = KLController("fixed", 0.1)
     fixed.update(current_kl=5.0, n_steps=1000)
     assert fixed.value == 0.1
+
+
+# ---------------------------------------------------------------- rollout correction (TIS / MIS)
+
+from grpo_trainer.algorithms.rollout_correction import rollout_is_weights, rollout_rejection_mask  # noqa: E402
+
+# pi_old / pi_rollout per token: 1.5, 0.5, 4 | 1.1, 1.1, (padding)
+RATIO = torch.tensor([[1.5, 0.5, 4.0], [1.1, 1.1, 9.0]], dtype=F64)
+MASK3 = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=F64)
+LOG_RATIO = RATIO.log() * MASK3
+
+
+def test_token_tis_truncates_each_ratio_and_zeroes_padding():
+    w = rollout_is_weights(LOG_RATIO, MASK3, "token", upper=2.0)
+    assert w.flatten().tolist() == pytest.approx([1.5, 0.5, 2.0, 1.1, 1.1, 0.0], abs=1e-12)
+
+
+def test_sequence_is_is_the_truncated_product_on_every_token():
+    w = rollout_is_weights(LOG_RATIO, MASK3, "sequence", upper=2.0)
+    # 1.5 * 0.5 * 4 = 3 -> 2 (truncated); 1.1 * 1.1 = 1.21
+    assert w.flatten().tolist() == pytest.approx([2.0, 2.0, 2.0, 1.21, 1.21, 0.0], abs=1e-12)
+
+
+def test_icepop_zeroes_weights_outside_the_band():
+    w = rollout_is_weights(LOG_RATIO, MASK3, "token", upper=2.0, lower=0.8)
+    assert w.flatten().tolist() == pytest.approx([1.5, 0.0, 0.0, 1.1, 1.1, 0.0], abs=1e-12)
+
+
+def test_token_mis_rejects_tokens_outside_the_ratio_band():
+    # k1 = log(pi_rollout / pi_old): kept when 1/2 <= pi_rollout / pi_old <= 2, i.e. ratio in [0.5, 2]
+    kept = rollout_rejection_mask(LOG_RATIO, MASK3, ["token_k1"], upper=2.0)
+    assert kept.flatten().tolist() == [1, 1, 0, 1, 1, 0]
+
+
+def test_sequence_mis_drops_a_whole_response():
+    # seq_mean_k3: the mean of exp(l) - 1 - l over the response; row 0's 4x token pushes it over 0.3
+    k3 = [r - 1 - math.log(r) for r in (1.5, 0.5, 4.0)]
+    assert sum(k3) / 3 > 0.3 > 2 * (1.1 - 1 - math.log(1.1)) / 2
+    kept = rollout_rejection_mask(LOG_RATIO, MASK3, ["seq_mean_k3"], upper=0.3)
+    assert kept.flatten().tolist() == [0, 0, 0, 1, 1, 0]
+    both = rollout_rejection_mask(LOG_RATIO, MASK3, ["token_k1", "seq_max_k2"], upper=2.0)
+    # token_k1 drops token 2 of row 0; seq_max_k2 (0.5 * log(4)^2 = 0.96 <= 2) keeps both rows
+    assert both.flatten().tolist() == [1, 1, 0, 1, 1, 0]

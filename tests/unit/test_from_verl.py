@@ -440,6 +440,27 @@ def test_a_kl_penalty_in_the_reward_translates_with_its_controller():
         ("adaptive", 0.01, 0.05, 5000)
 
 
+def test_rollout_correction_translates_tis_and_mis():
+    t = translate(read_command(BASE + "algorithm.rollout_correction.rollout_is=token "
+                               "algorithm.rollout_correction.rollout_is_threshold=2.0 "
+                               "algorithm.rollout_correction.rollout_rs=token_k1,seq_mean_k1 "
+                               "algorithm.rollout_correction.rollout_rs_threshold=0.5_1.5 "
+                               "algorithm.rollout_correction.rollout_token_veto_threshold=null"))
+    assert t.errors == [], t.errors
+    rc = t.job.spec.algorithm.rollout_correction
+    assert (rc.rollout_is, rc.rollout_is_threshold, rc.rollout_is_threshold_lower) == ("token", 2.0, None)
+    assert (rc.rollout_rs, rc.rollout_rs_threshold, rc.rollout_rs_threshold_lower) == \
+        (["token_k1", "seq_mean_k1"], 1.5, 0.5)
+    # verl's defaults alone (thresholds set, nothing on) turn nothing on
+    off = translate(read_command(BASE + "algorithm.rollout_correction.rollout_is=null "
+                                 "algorithm.rollout_correction.rollout_is_threshold=2.0 "
+                                 "algorithm.rollout_correction.bypass_mode=False"))
+    assert off.errors == [] and off.job.spec.algorithm.rollout_correction is None
+    bad = translate(read_command(BASE + "algorithm.rollout_correction.rollout_rs=binary_kl "
+                                 "algorithm.rollout_correction.rollout_rs_threshold=0.1"))
+    assert any("binary_kl (KPop) rejection is not supported" in e for e in bad.errors), bad.errors
+
+
 def test_verls_ppo_example_translates_with_its_critic():
     t = translate(read_command(VERL_PPO_EXAMPLE))
     assert t.errors == [], t.errors

@@ -22,6 +22,8 @@ from grpo_api.spec import GRPOJobSpec, ModelSpec
 from grpo_trainer import batch as batching
 from grpo_trainer.algorithms import (KLController, LossNormalizer, compute_advantages, entropy_from_logits,
                                      kl_penalty, logprobs_from_logits, masked_mean, policy_loss)
+from grpo_trainer.algorithms.rollout_correction import (correction_metrics, rollout_is_weights,
+                                                        rollout_rejection_mask)
 from grpo_trainer.batch import MicroBatch, Sample
 from grpo_trainer.critic import Critic
 from grpo_trainer.model import build_optimizer, build_policy, build_reference, num_parameters
@@ -107,6 +109,7 @@ class Actor:
         timings: dict[str, float] = {}
         old_logp, ref_logp = self._logprobs(minibatches, off_policy, timings)
         rewards, metrics = self._token_rewards(samples, minibatches, old_logp, ref_logp)
+        metrics |= self._correct_for_the_rollout(minibatches, old_logp)
         advantages = self._advantages(samples, minibatches, rewards, timings)
         adv = torch.cat(advantages)
         metrics |= {"critic/advantages/mean": float(adv.mean()),
@@ -137,6 +140,30 @@ class Actor:
         result.train_seconds = sum(timings.values())
         result.timings = timings
         return result
+
+    def _correct_for_the_rollout(self, minibatches, old_logp: dict) -> dict[str, float]:
+        """algorithm.rolloutCorrection (decoupled): each micro-batch's importance weights
+        pi_old / pi_rollout, and its response mask without the rejected tokens. Metrics over this
+        rank's tokens."""
+        rc = self.spec.algorithm.rollout_correction
+        if rc is None or rc.bypass_mode:
+            return {}
+        ratios, kept, rejected, weights = [], [], [], []
+        for mb in (mb for mbs in minibatches for mb in mbs):
+            mask = mb.response_mask
+            log_ratio = (old_logp[id(mb)] - mb.behaviour_logprobs) * mask
+            if rc.rollout_is:
+                mb.is_weights = rollout_is_weights(log_ratio, mask, rc.rollout_is, upper=rc.rollout_is_threshold,
+                                                   lower=rc.rollout_is_threshold_lower)
+                weights.append(mb.is_weights[mask.bool()])
+            if rc.rollout_rs:
+                mb.response_mask = rollout_rejection_mask(log_ratio, mask, rc.rollout_rs, upper=rc.rollout_rs_threshold,
+                                                          lower=rc.rollout_rs_threshold_lower)
+            ratios.append(log_ratio[mask.bool()])
+            kept.append(mb.response_mask[mask.bool()])
+            rejected.append((mb.response_mask < mask).any(dim=-1))
+        return correction_metrics(torch.cat(ratios), torch.cat(kept), torch.cat(rejected),
+                                  torch.cat(weights) if weights else None)
 
     def _token_rewards(self, samples: list[Sample], minibatches, old_logp: dict,
                        ref_logp: dict | None) -> tuple[torch.Tensor, dict[str, float]]:
@@ -195,11 +222,15 @@ class Actor:
         temperature = self.spec.rollout.temperature
         flat = [mb for mbs in minibatches for mb in mbs]
         old_logp, timings["timing_s/old_log_prob"] = {}, 0.0    # 0: no forward pass (perf/mfu counts them)
-        if off_policy:
+        rc = self.spec.algorithm.rollout_correction
+        if rc is not None and rc.bypass_mode:   # verl's bypass: the engine's log-probs are the old policy
+            old_logp = {id(mb): mb.behaviour_logprobs for mb in flat}
+        elif off_policy and rc is None:
             # The policy that generated the samples, as the engine scored each token.
             old_logp = {id(mb): mb.behaviour_logprobs for mb in flat}
         elif (self.spec.trainer.ppo_epochs > 1 or len(minibatches) > 1     # later updates are off-policy
-              or self.spec.algorithm.use_kl_in_reward):                   # the reward's KL is the old policy's
+              or self.spec.algorithm.use_kl_in_reward                     # the reward's KL is the old policy's
+              or rc is not None):                                         # decoupled: pi_old against pi_rollout
             start = time.perf_counter()
             self.model.eval()
             old_logp = dict(zip(map(id, flat), compute_logprobs(self.model, flat, temperature)))
@@ -234,7 +265,8 @@ def update_policy(model, optimizer, scheduler, spec: GRPOJobSpec, minibatches: l
                 pg_loss, pg_metrics = policy_loss(
                     algo.policy_loss, old, logp, mb.advantages, mb.response_mask,
                     clip_ratio_low=algo.clip_ratio_low, clip_ratio_high=algo.clip_ratio_high,
-                    clip_ratio_c=algo.clip_ratio_c, loss_agg_mode=algo.loss_agg_mode, normalizer=norm)
+                    clip_ratio_c=algo.clip_ratio_c, loss_agg_mode=algo.loss_agg_mode, normalizer=norm,
+                    weights=mb.is_weights)
                 loss = pg_loss
                 sums["actor/pg_loss"] += pg_loss.item() / world
                 if algo.use_kl_loss and ref_logp is not None:

@@ -134,6 +134,7 @@ class MicroBatch:
     response_start: int = 0       # first position that predicts a response token, over all rows
     returns: torch.Tensor | None = None      # [b, L-1], PPO: the critic's targets
     old_values: torch.Tensor | None = None   # [b, L-1], PPO: the critic's values before its update
+    is_weights: torch.Tensor | None = None   # [b, L-1], rollout correction's importance weights
 
     @property
     def num_tokens(self) -> int:

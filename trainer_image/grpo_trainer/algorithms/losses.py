@@ -39,8 +39,12 @@ def policy_loss(
     loss_agg_mode: str = "token-mean",
     normalizer: LossNormalizer | None = None,
     registry: Registry | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """Scalar policy loss of the loss registered as ``mode`` and its metrics.
+
+    ``weights`` (``[B, T]``, constants) scale each token's loss before aggregation: rollout
+    correction's importance weights.
 
     All tensors are ``[B, T]``; ``old_logp`` and ``advantages`` are treated as constants.
     Without ``normalizer`` the loss is ``loss_agg_mode`` over this batch alone; with one (built
@@ -66,6 +70,8 @@ def policy_loss(
         clip_ratio_high=clip_ratio_high,
         clip_ratio_c=clip_ratio_c,
     )
+    if weights is not None:
+        loss_mat = loss_mat * weights.detach()
     if normalizer is None:
         loss = aggregate_loss(loss_mat, response_mask, loss_agg_mode)
     else:
