@@ -339,6 +339,17 @@ def test_resume_equivalence(tmp_path, tiny_model, quickstart_data, dense_reward,
 
 # --- trainer.saveBest: the best step's checkpoint outlives the rotation, and is hf/best ------------
 
+def _run_with_one_server(job: Path, tmp: Path) -> None:
+    """The job to the end on 2 ranks, against one fresh rollout server."""
+    token = secrets.token_hex(16)
+    (server,) = start_rollout_servers(job, token, 1, tmp)
+    try:
+        result = run_trainer(job, rollout=server.address, token=token)
+    finally:
+        server.stop()
+    assert result.returncode == 0, result.output[-8000:]
+
+
 def test_the_best_steps_checkpoint_is_kept_and_exported_as_hf_best(tmp_path, tiny_model, quickstart_data,
                                                                    dense_reward):
     """Ranked by the step's mean reward (a metric every step has); a checkpoint every step, one kept."""
@@ -349,13 +360,7 @@ def test_the_best_steps_checkpoint_is_kept_and_exported_as_hf_best(tmp_path, tin
                     storage=tmp_path / "store", reward={"function": dense_reward},
                     trainer={"totalSteps": 6, "saveFreq": 1, "keepCheckpoints": 1,
                              "saveBest": {"metric": "critic/score/mean", "mode": "max"}})
-    token = secrets.token_hex(16)
-    servers = start_rollout_servers(job, token, 1, tmp_path)
-    try:
-        result = run_trainer(job, rollout=servers[0].address, token=token)
-    finally:
-        servers[0].stop()
-    assert result.returncode == 0, result.output[-8000:]
+    _run_with_one_server(job, tmp_path)
     root = run_root(tmp_path / "store", "best")
     rewards = [r["critic/score/mean"] for r in read_metrics(root)]
     best = 1 + rewards.index(max(rewards))             # the first step to reach the maximum
@@ -391,13 +396,7 @@ def test_rollout_correction_weights_the_tokens_by_the_engines_mismatch(tmp_path,
                     algorithm={"rolloutCorrection": correction},
                     trainer={"totalSteps": 3, "miniBatchSize": 2, "microBatchSizePerGPU": 4},   # two updates a step
                     rollout={"maxStaleness": staleness})
-    token = secrets.token_hex(16)
-    servers = start_rollout_servers(job, token, 1, tmp_path)
-    try:
-        result = run_trainer(job, rollout=servers[0].address, token=token)
-    finally:
-        servers[0].stop()
-    assert result.returncode == 0, result.output[-8000:]
+    _run_with_one_server(job, tmp_path)
     rows = read_metrics(run_root(tmp_path / "store", "corr"))
     if "bypassMode" in correction:      # the engine's log-probs are the old policy: nothing recomputed
         assert all(r["timing_s/old_log_prob"] == 0 and "rollout_corr/rollout_is_mean" not in r for r in rows)

@@ -108,9 +108,10 @@ class Actor:
         minibatches = self._micro_batches(samples, trainer.micro_batch_size_per_gpu, trainer.max_tokens_per_gpu)
         timings: dict[str, float] = {}
         old_logp, ref_logp = self._logprobs(minibatches, off_policy, timings)
-        rewards, metrics = self._token_rewards(samples, minibatches, old_logp, ref_logp)
+        rewards, mask = batching.token_rewards(samples)
+        rewards, metrics = self._kl_in_reward(samples, minibatches, rewards, mask, old_logp, ref_logp)
         metrics |= self._correct_for_the_rollout(minibatches, old_logp)
-        advantages = self._advantages(samples, minibatches, rewards, timings)
+        advantages = self._advantages(samples, minibatches, rewards, mask, timings)
         adv = torch.cat(advantages)
         metrics |= {"critic/advantages/mean": float(adv.mean()),
                     "critic/advantages/std": float(adv.std()) if len(adv) > 1 else 0.0}
@@ -165,12 +166,11 @@ class Actor:
         return correction_metrics(torch.cat(ratios), torch.cat(kept), torch.cat(rejected),
                                   torch.cat(weights) if weights else None)
 
-    def _token_rewards(self, samples: list[Sample], minibatches, old_logp: dict,
-                       ref_logp: dict | None) -> tuple[torch.Tensor, dict[str, float]]:
-        """[N, T]: each response's reward on its last token; with algorithm.useKLInReward minus
-        klCtrl's coefficient x KL(old policy || reference) on every token (verl's apply_kl_penalty),
+    def _kl_in_reward(self, samples: list[Sample], minibatches, rewards: torch.Tensor, mask: torch.Tensor,
+                      old_logp: dict, ref_logp: dict | None) -> tuple[torch.Tensor, dict[str, float]]:
+        """The token-level `rewards` [N, T], with algorithm.useKLInReward minus klCtrl's
+        coefficient x KL(old policy || reference) on every token (verl's apply_kl_penalty),
         gathered over the ranks. The coefficient then adapts to the step's mean KL."""
-        rewards, mask = batching.token_rewards(samples)
         algo = self.spec.algorithm
         if not algo.use_kl_in_reward:
             return rewards, {}
@@ -186,7 +186,7 @@ class Actor:
         self.kl_ctrl.update(current_kl, n_steps=len(samples))
         return rewards - beta * kld, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
 
-    def _advantages(self, samples: list[Sample], minibatches, rewards: torch.Tensor,
+    def _advantages(self, samples: list[Sample], minibatches, rewards: torch.Tensor, mask: torch.Tensor,
                     timings: dict[str, float]) -> list[torch.Tensor]:
         """Per sample, written into the micro-batches too: GAE from the critic's values, or the
         outcome estimator's over the step's (token-level) rewards."""
@@ -195,11 +195,10 @@ class Actor:
             trainer, critic = self.spec.trainer, self.spec.critic
             own = self._micro_batches(samples, critic.micro_batch_size_per_gpu or trainer.micro_batch_size_per_gpu,
                                       critic.max_tokens_per_gpu or trainer.max_tokens_per_gpu)
-            padded = self.critic.estimate(samples, own, rewards, timings)
+            padded = self.critic.estimate(samples, own, rewards, mask, timings)
         else:
             if self.rank == 0:
                 log.info("Computing group-relative advantages...")
-            _, mask = batching.token_rewards(samples)
             padded, _ = compute_advantages(algo.adv_estimator.value, rewards, mask, [s.uid for s in samples],
                                            norm_adv_by_std=algo.norm_adv_by_std, gamma=algo.gamma)
         batching.set_response_values([mb for mbs in minibatches for mb in mbs], samples, "advantages", padded)

@@ -41,10 +41,10 @@ class Critic:
         self.epochs = spec.critic.ppo_epochs or spec.trainer.ppo_epochs
 
     def estimate(self, samples: list[Sample], minibatches: list[list[MicroBatch]], rewards: torch.Tensor,
-                 timings: dict[str, float]) -> torch.Tensor:
+                 mask: torch.Tensor, timings: dict[str, float]) -> torch.Tensor:
         """Collective, on this rank's share of the batch in the critic's own micro-batches (kept
         for `update`): the values, then GAE's advantages over the whole batch from the token-level
-        `rewards` [N, T], by sample index (every rank gets all of them). The returns and values
+        `rewards` [N, T] over the response `mask`, by sample index (every rank gets all of them). The returns and values
         go into the micro-batches."""
         self.minibatches = minibatches
         start = time.perf_counter()
@@ -56,7 +56,6 @@ class Critic:
         if self.world > 1:
             dist.all_reduce(values)   # each sample's values come from the one rank that holds it
         timings["timing_s/values"] = time.perf_counter() - start
-        _, mask = batching.token_rewards(samples)
         algo = self.spec.algorithm
         advantages, returns = compute_gae_advantage_return(rewards, values.cpu(), mask, gamma=algo.gamma, lam=algo.lam)
         for name, per_sample in (("returns", returns), ("old_values", values.cpu())):
