@@ -145,6 +145,43 @@ def _files(value, ctx):
     return [_uri(str(p), ctx) for p in (value if isinstance(value, list) else [value])]
 
 
+_LORA_ON = ("actor_rollout_ref.model.lora_rank", "actor_rollout_ref.model.lora.rank")
+
+
+def _lora_on(ctx) -> bool:
+    """verl trains LoRA when a rank > 0 or an adapter to start from is given."""
+    return (any(isinstance(ctx.flat.get(k), int) and ctx.flat[k] > 0 for k in _LORA_ON)
+            or ctx.has("actor_rollout_ref.model.lora_adapter_path"))
+
+
+def _lora_rank(value, ctx):
+    return SKIP if int(value) == 0 else int(value)       # verl: 0 is full-parameter training
+
+
+def _lora_only(convert=None):
+    """A LoRA setting: read only when LoRA is on (verl ignores it otherwise; we warn)."""
+    def read(value, ctx):
+        if not _lora_on(ctx):
+            ctx.warn("ignored: only used with LoRA (lora_rank > 0 or lora_adapter_path)")
+            return SKIP
+        return convert(value, ctx) if convert else value
+    return read
+
+
+def _target_modules(value, ctx):
+    """verl takes a list or one string ("all-linear", or comma-separated names)."""
+    names = value if isinstance(value, list) else str(value).split(",")
+    return [str(n).strip() for n in names if str(n).strip()]
+
+
+def _adapter_path(value, ctx):
+    path = str(value)
+    if "://" in path and not path.startswith("file://"):
+        raise Unsupported(f"{path}: the adapter is read from a local or mounted folder; copy it into the image "
+                          f"or a volume (object storage is not fetched for adapters)")
+    return path.removeprefix("file://")
+
+
 def _dns_name(value, ctx):
     name = re.sub(r"[^a-z0-9-]+", "-", str(value).lower())
     name = re.sub(r"-+", "-", name).strip("-")[:50].rstrip("-")
@@ -467,9 +504,21 @@ RULES: tuple[Rule, ...] = (
     Map("actor_rollout_ref.model.tokenizer_path", "model.tokenizerPath"),
     Map("actor_rollout_ref.model.trust_remote_code", "model.trustRemoteCode"),
     Map("actor_rollout_ref.model.enable_gradient_checkpointing", "model.gradientCheckpointing"),
-    Refuse("actor_rollout_ref.model.lora_rank", "LoRA is not supported; full-parameter training only", ok=(0, None)),
-    Refuse("actor_rollout_ref.model.lora.rank", "LoRA is not supported; full-parameter training only", ok=(0, None)),
-    Refuse("actor_rollout_ref.model.lora_adapter_path", "LoRA is not supported", ok=(None,)),
+    Map("actor_rollout_ref.model.lora_rank", "model.lora.rank", "0 = full-parameter training", _lora_rank),
+    Map("actor_rollout_ref.model.lora.rank", "model.lora.rank", "verl 0.9's layout; 0 = off", _lora_rank),
+    Map("actor_rollout_ref.model.lora_alpha", "model.lora.alpha", "only with LoRA", _lora_only()),
+    Map("actor_rollout_ref.model.lora.alpha", "model.lora.alpha", "only with LoRA", _lora_only()),
+    Map("actor_rollout_ref.model.target_modules", "model.lora.targetModules", "a list, all-linear or a,b,c",
+        _lora_only(_target_modules)),
+    Map("actor_rollout_ref.model.lora.target_modules", "model.lora.targetModules", "a list, all-linear or a,b,c",
+        _lora_only(_target_modules)),
+    Map("actor_rollout_ref.model.lora.dropout", "model.lora.dropout", "only with LoRA", _lora_only()),
+    Map("actor_rollout_ref.model.lora_adapter_path", "model.lora.adapterPath", "a local or mounted folder",
+        _adapter_path),
+    Refuse("actor_rollout_ref.model.exclude_modules", "LoRA's exclude_modules is not supported: name the "
+           "targets (target_modules)", ok=(None, [], "")),
+    Refuse("actor_rollout_ref.model.lora.exclude_modules", "LoRA's exclude_modules is not supported: name the "
+           "targets (target_modules)", ok=(None, [], "")),
     Refuse("actor_rollout_ref.model.custom_chat_template", "custom chat templates are not supported: put the "
            "template in the tokenizer (model.tokenizerPath)", ok=(None,)),
     Refuse("actor_rollout_ref.model.external_lib", "external model libraries are not loaded", ok=(None,)),
@@ -478,10 +527,8 @@ RULES: tuple[Rule, ...] = (
     Refuse("actor_rollout_ref.model.hf_config_path", "the model's config comes from model.path", ok=(None,)),
     Refuse("actor_rollout_ref.model.mtp.enable", "multi-token prediction is not supported", ok=(False, None)),
     Ignore("actor_rollout_ref.model.mtp.*", "only used with mtp.enable"),
-    Ignore("actor_rollout_ref.model.lora.*", "only used with LoRA (lora.rank > 0)"),
-    Ignore("actor_rollout_ref.model.lora_alpha", "only used with LoRA (lora_rank > 0)"),
-    Ignore("actor_rollout_ref.model.target_modules", "only used with LoRA (lora_rank > 0)"),
-    Ignore("actor_rollout_ref.model.exclude_modules", "only used with LoRA (lora_rank > 0)"),
+    Ignore("actor_rollout_ref.model.lora.*", "other LoRA settings (initialization, Megatron's) have no "
+           "counterpart: adapters start as PEFT's (A random, B zero)"),
     Ignore("actor_rollout_ref.model.*", _SPEED),
     # actor_rollout_ref.actor
     Refuse("actor_rollout_ref.actor.strategy", "the trainer is FSDP2 only (no Megatron)", ok=("fsdp", "fsdp2")),
@@ -610,7 +657,8 @@ RULES: tuple[Rule, ...] = (
     Refuse("critic.strategy", "the critic is FSDP2 only (no Megatron)", ok=("fsdp", "fsdp2", None)),
     Map("critic.model.path", "critic.modelPath", "the policy's path is the default", _critic_path),
     Map("critic.model.enable_gradient_checkpointing", "critic.gradientCheckpointing"),
-    Refuse("critic.model.lora_rank", "LoRA is not supported", ok=(0, None)),
+    Refuse("critic.model.lora_rank", "LoRA for the critic is not supported (the policy's is: model.lora)",
+           ok=(0, None)),
     Ignore("critic.model.tokenizer_path", "the critic reads the policy's tokens (one tokenizer)"),
     Ignore("critic.model.*", _OFFLOAD),
     Map("critic.optim.lr", "critic.lr"),

@@ -53,6 +53,19 @@ class ModelCacheSpec(_Model):
     """PersistentVolumeClaim (in the job's namespace) that holds fetched models: each pod's init container copies model.path into it once (hub id or object storage; the first pod downloads, the others wait for it), then the pods load from it, read-only. ReadWriteMany when the pods may land on several nodes; reused by every job of the same model."""
 
 
+class LoRASpec(_Model):
+    rank: int | None = Field(default=None, ge=1)
+    """Rank of every adapter (verl: actor_rollout_ref.model.lora_rank); required unless adapterPath is set."""
+    alpha: float = Field(default=16.0, gt=0)
+    """Scaling numerator: an adapter adds alpha / rank x B @ A to its layer's weight (verl: lora_alpha)."""
+    target_modules: list[str] = Field(default=["all-linear"], min_length=1)
+    """Module names (or name suffixes) that get adapters; `all-linear` is every linear layer but the LM head (verl: target_modules)."""
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on each adapter's input while training."""
+    adapter_path: str | None = None
+    """A PEFT adapter folder (adapter_config.json, adapter_model.safetensors) to start from instead of new adapters; a local or mounted path (verl: lora_adapter_path). Its rank, alpha and target modules are the adapter's own."""
+
+
 class ModelSpec(_Model):
     path: str = Field(min_length=1)
     """Hugging Face model id, local folder, or object-storage folder (s3://bucket/prefix, file:///path; read with spec.storage's endpoint and credentials) of the policy (verl: actor_rollout_ref.model.path)."""
@@ -66,6 +79,8 @@ class ModelSpec(_Model):
     """Recompute activations in the backward pass to save memory (verl: enable_gradient_checkpointing)."""
     trust_remote_code: bool = False
     """Allow model code from the model repository (verl: trust_remote_code)."""
+    lora: LoRASpec | None = None
+    """Train LoRA adapters on the frozen model instead of every weight; the reference model is the model with its adapters disabled. Null: full-parameter training."""
 
 
 class DataSpec(_Model):
@@ -534,6 +549,13 @@ def _group_needs_n(s: GRPOJobSpec) -> str | None:
     return None
 
 
+def _lora_needs_rank(s: GRPOJobSpec) -> str | None:
+    lora = s.model.lora
+    if lora and lora.rank is None and lora.adapter_path is None:
+        return "required (or set adapterPath: the adapter's own rank is used)"
+    return None
+
+
 def _rs_needs_threshold(s: GRPOJobSpec) -> str | None:
     rc = s.algorithm.rollout_correction
     if rc and rc.rollout_rs and rc.rollout_rs_threshold is None:
@@ -641,6 +663,11 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         "(!has(self.algorithm.rolloutCorrection.rolloutIs) && size(self.algorithm.rolloutCorrection.rolloutRs) == 0)",
         "algorithm.rolloutCorrection.bypassMode excludes rolloutIs and rolloutRs",
         _bypass_alone),
+    CrossFieldRule(
+        "model.lora.rank",
+        "!has(self.model.lora) || has(self.model.lora.rank) || has(self.model.lora.adapterPath)",
+        "model.lora.rank is required unless model.lora.adapterPath is set",
+        _lora_needs_rank),
     CrossFieldRule(
         "trainer.miniBatchSize",
         "self.data.trainBatchSize % self.trainer.miniBatchSize == 0",

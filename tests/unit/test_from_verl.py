@@ -384,7 +384,10 @@ def test_keys_with_no_meaning_here_are_warnings(monkeypatch, capsys):
                                                                     "rewards (a reward model) are not supported"),
     ("algorithm.use_kl_in_reward=True algorithm.kl_penalty=full", "algorithm.kl_penalty='full': the "
                                                                    "full-vocabulary KL is not supported"),
-    ("actor_rollout_ref.model.lora_rank=64", "actor_rollout_ref.model.lora_rank=64: LoRA is not supported"),
+    ("algorithm.adv_estimator=gae critic.model.lora_rank=8", "critic.model.lora_rank=8: LoRA for the critic is "
+                                                              "not supported"),
+    ("actor_rollout_ref.model.lora_rank=8 actor_rollout_ref.model.exclude_modules=[lm_head]",
+     "LoRA's exclude_modules is not supported"),
     ("actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.strategy='megatron': the trainer is "
                                                   "FSDP2 only"),
     ("actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean", "'geo_mean' is not a policy loss here"),
@@ -473,6 +476,84 @@ def test_verls_ppo_example_translates_with_its_critic():
         (1e-5, 0, 32, 0.3, True)
     assert spec.trainer.critic_warmup == 2       # verl's 3: the actor first updates at its step 3
     assert not any("critic.ppo_micro" in w or "critic.optim.lr" in w for w in t.warnings), t.warnings
+
+
+# verl's examples/tuning/lora/run_qwen3_8b_fsdp.sh, in its layout: settings in bash arrays with
+# overridable defaults (the keys and values are the example's; the data paths ours).
+VERL_LORA_EXAMPLE = """\
+MODEL_PATH=${MODEL_PATH:-Qwen/Qwen3-8B}
+lora_rank=${LORA_RANK:-64}
+lora_alpha=${LORA_ALPHA:-32}
+DATA=(
+    algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=False
+    data.train_files=/data/gsm8k/train.parquet data.val_files=/data/gsm8k/test.parquet
+    data.train_batch_size=64 data.max_prompt_length=512 data.max_response_length=1024
+    data.filter_overlong_prompts=True data.truncation='error'
+)
+MODEL=(
+    actor_rollout_ref.model.path="$MODEL_PATH"
+    actor_rollout_ref.model.lora_rank=${lora_rank}
+    actor_rollout_ref.model.lora_alpha=${lora_alpha}
+    actor_rollout_ref.model.use_remove_padding=True
+    actor_rollout_ref.model.enable_gradient_checkpointing=True
+)
+ACTOR=(
+    actor_rollout_ref.actor.optim.lr=3e-6 actor_rollout_ref.actor.ppo_mini_batch_size=32
+    actor_rollout_ref.actor.use_dynamic_bsz=True actor_rollout_ref.actor.ppo_max_token_len_per_gpu=12288
+    actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.kl_loss_coef=0.001
+    actor_rollout_ref.actor.kl_loss_type=low_var_kl actor_rollout_ref.actor.entropy_coeff=0
+    actor_rollout_ref.actor.fsdp_config.param_offload=False actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
+)
+ROLLOUT=(
+    actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.tensor_model_parallel_size=2
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.6 actor_rollout_ref.rollout.n=5
+    actor_rollout_ref.rollout.load_format=safetensors actor_rollout_ref.rollout.layered_summon=True
+    actor_rollout_ref.ref.fsdp_config.param_offload=True
+)
+TRAINER=(
+    trainer.logger='["console","wandb"]' trainer.project_name=verl_grpo_lora_gsm8k
+    trainer.experiment_name=qwen3_8b_lora_vllm_fsdp trainer.n_gpus_per_node=2 trainer.nnodes=1
+    trainer.val_before_train=False trainer.save_freq=20 trainer.test_freq=5 trainer.total_epochs=15
+)
+python3 -m verl.trainer.main_ppo "${DATA[@]}" "${MODEL[@]}" "${ACTOR[@]}" "${ROLLOUT[@]}" "${TRAINER[@]}" "$@"
+"""
+
+
+def test_verls_lora_example_translates():
+    t = translated(VERL_LORA_EXAMPLE)
+    assert t.errors == []
+    assert t.doc["spec"]["model"] == {"path": "Qwen/Qwen3-8B", "gradientCheckpointing": True,
+                                      "lora": {"rank": 64, "alpha": 32}}
+    lora = t.job.spec.model.lora
+    assert (lora.rank, lora.alpha, lora.target_modules, lora.dropout, lora.adapter_path) == \
+        (64, 32.0, ["all-linear"], 0.0, None)          # verl's target_modules default: all-linear
+    assert not any("lora" in w for w in t.warnings), t.warnings
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("actor_rollout_ref.model.lora_rank=16 actor_rollout_ref.model.target_modules=[q_proj,v_proj]",
+     {"rank": 16, "targetModules": ["q_proj", "v_proj"]}),
+    ("actor_rollout_ref.model.lora_rank=16 actor_rollout_ref.model.target_modules=all-linear",
+     {"rank": 16, "targetModules": ["all-linear"]}),
+    ("actor_rollout_ref.model.lora_rank=16 actor_rollout_ref.model.target_modules=q_proj,k_proj",
+     {"rank": 16, "targetModules": ["q_proj", "k_proj"]}),
+    ("actor_rollout_ref.model.lora_adapter_path=/adapters/gsm8k", {"adapterPath": "/adapters/gsm8k"}),
+    # verl 0.9's layout
+    ("actor_rollout_ref.model.lora.rank=8 actor_rollout_ref.model.lora.alpha=16 "
+     "actor_rollout_ref.model.lora.dropout=0.05", {"rank": 8, "alpha": 16, "dropout": 0.05}),
+])
+def test_lora_keys(override, expected):
+    t = translate(read_command(BASE + override))
+    assert t.errors == [], t.errors
+    assert t.doc["spec"]["model"]["lora"] == expected
+
+
+def test_lora_settings_without_a_rank_are_full_parameter_training():
+    """verl's defaults dumped in full (lora_rank=0, lora_alpha=16, all-linear) train every weight."""
+    t = translate(read_command(BASE + "actor_rollout_ref.model.lora_rank=0 actor_rollout_ref.model.lora_alpha=16 "
+                               "actor_rollout_ref.model.target_modules=all-linear"))
+    assert t.errors == [] and t.job.spec.model.lora is None
+    assert any("lora_alpha=16: ignored: only used with LoRA" in w for w in t.warnings), t.warnings
 
 
 def test_validation_errors_name_the_verl_key():

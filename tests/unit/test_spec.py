@@ -84,6 +84,10 @@ INVALID_SPECS = [
     ({"runPolicy.backoffLimit": -1}, "spec.runPolicy.backoffLimit", "greater than or equal to 0"),
     ({"model.path": ""}, "spec.model.path", "at least 1 character"),
     ({"model.dtype": "int8"}, "spec.model.dtype", "bfloat16"),
+    ({"model.lora": {"rank": 0}}, "spec.model.lora.rank", "greater than or equal to 1"),
+    ({"model.lora": {"alpha": 32}}, "spec.model.lora.rank", "required (or set adapterPath"),
+    ({"model.lora": {"rank": 8, "targetModules": []}}, "spec.model.lora.targetModules", "at least 1"),
+    ({"model.lora": {"rank": 8, "dropout": 1.0}}, "spec.model.lora.dropout", "less than 1"),
     # refusals the rollout server and the trainer used to make only at start-up (issue 23)
     ({"reward.overlongBuffer.enable": True}, "spec.reward.overlongBuffer.len", "must be in 1..data.maxResponseLength"),
     ({"reward.overlongBuffer.enable": True, "reward.overlongBuffer.len": 600}, "spec.reward.overlongBuffer.len",
