@@ -60,8 +60,9 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 
 def write_job(path: Path, *, name: str, model: Path, train: Path, storage: Path, val: Path | None = None,
-              **sections) -> Path:
-    """A GRPOJob for CPU: tiny model, hf engine, file:// storage; `sections` are merged into spec."""
+              lora: dict | None = None, **sections) -> Path:
+    """A GRPOJob for CPU: tiny model, hf engine, file:// storage; `sections` are merged into spec;
+    `lora`: spec.model.lora."""
     spec = {
         "model": {"path": str(model), "dtype": "float32", "gradientCheckpointing": False},
         "data": {"trainFiles": [str(train)], "valFiles": [str(val)] if val else [], "trainBatchSize": 4,
@@ -75,6 +76,8 @@ def write_job(path: Path, *, name: str, model: Path, train: Path, storage: Path,
         "storage": {"uri": f"file://{storage}"},
         "weightSync": {"backend": "grpc"},
     }
+    if lora is not None:
+        spec["model"]["lora"] = lora
     for key, value in sections.items():
         spec.setdefault(key, {}).update(value)
     doc = {"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob", "metadata": {"name": name}, "spec": spec}

@@ -9,6 +9,7 @@ normalizer's dp_size factor cancels that.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -75,8 +76,11 @@ class Actor:
         compile = spec.trainer.use_torch_compile
         self.model = build_policy(model_spec, device, compile=compile)
         algo = spec.algorithm
+        self.lora = model_spec.lora is not None
+        # With LoRA the reference is the policy with its adapters off (`_reference`): no copy.
+        self.uses_reference = algo.use_kl_loss or algo.use_kl_in_reward
         self.ref = (build_reference(model_spec, device, cpu_offload=spec.trainer.ref_cpu_offload, compile=compile)
-                    if algo.use_kl_loss or algo.use_kl_in_reward else None)
+                    if self.uses_reference and not self.lora else None)
         self.kl_ctrl = KLController(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl,
                                     algo.kl_ctrl.horizon)
         self.optimizer, self.scheduler = build_optimizer(self.model, spec.trainer, total_steps)
@@ -135,7 +139,7 @@ class Actor:
             log.info("Critic warm-up (step %d of trainer.criticWarmup=%d): the policy stays as it is",
                      step, self.spec.trainer.critic_warmup)
         # one pass per log-prob computation done
-        passes += (self.ref is not None) + (timings["timing_s/old_log_prob"] > 0)
+        passes += self.uses_reference + (timings["timing_s/old_log_prob"] > 0)
         result.metrics = {**metrics, **result.metrics}
         result.flops = flops + 2 * self.n_params * tokens * passes
         result.train_seconds = sum(timings.values())
@@ -235,10 +239,23 @@ class Actor:
             old_logp = dict(zip(map(id, flat), compute_logprobs(self.model, flat, temperature)))
             timings["timing_s/old_log_prob"] = time.perf_counter() - start
         start = time.perf_counter()
-        ref_logp = (dict(zip(map(id, flat), compute_logprobs(self.ref, flat, temperature)))
-                    if self.ref is not None else None)
+        ref_logp = None
+        if self.uses_reference:
+            with self._reference() as ref:
+                ref_logp = dict(zip(map(id, flat), compute_logprobs(ref, flat, temperature)))
         timings["timing_s/ref"] = time.perf_counter() - start
         return old_logp, ref_logp
+
+    @contextlib.contextmanager
+    def _reference(self):
+        """The reference model: its own copy, or with LoRA the policy with its adapters
+        disabled (the base model, exactly: PEFT's layers then compute only their base layer)."""
+        if not self.lora:
+            yield self.ref
+            return
+        self.model.eval()
+        with self.model.disable_adapter():
+            yield self.model
 
 
 def update_policy(model, optimizer, scheduler, spec: GRPOJobSpec, minibatches: list[list[MicroBatch]],

@@ -35,8 +35,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
 
 from grpo_api import signing
 from grpo_api.records import RunLayout
@@ -91,11 +92,17 @@ def _keys(part: str) -> tuple[str, str, str]:
     return ("model", "optim", "scheduler") if part == "policy" else (part, f"{part}_optim", f"{part}_scheduler")
 
 
+def _model_options(model) -> StateDictOptions:
+    """A LoRA policy's checkpoint holds its adapters only: the frozen base is spec.model.path."""
+    from grpo_trainer.lora import is_lora
+    return StateDictOptions(ignore_frozen_params=True, strict=False) if is_lora(model) else StateDictOptions()
+
+
 def _dcp_state(parts: dict) -> dict:
     state = {}
     for part, (model, optimizer, _) in parts.items():
         model_key, optim_key, _ = _keys(part)
-        state[model_key] = get_model_state_dict(model)
+        state[model_key] = get_model_state_dict(model, options=_model_options(model))
         state[optim_key] = get_optimizer_state_dict(model, optimizer)
     return state
 
@@ -192,7 +199,7 @@ def load(uri: str, *, parts: dict, storage: Storage, key: bytes, device: torch.d
         dcp.load(state, checkpoint_id=staging)
         for part, (model, optimizer, scheduler) in parts.items():
             model_key, optim_key, scheduler_key = _keys(part)
-            set_model_state_dict(model, state[model_key])
+            set_model_state_dict(model, state[model_key], options=_model_options(model))
             set_optimizer_state_dict(model, optimizer, state[optim_key])
             scheduler.load_state_dict(extras[scheduler_key])
     finally:
@@ -219,9 +226,13 @@ def load_full_state_dict(uri: str, storage: Storage, key: bytes) -> tuple[dict[s
 
 class Checkpointer:
     def __init__(self, spec: GRPOJobSpec, *, parts: dict, layout: RunLayout, storage: Storage, key: bytes,
-                 device: torch.device, model_spec):
+                 device: torch.device, model_spec, adapter: Callable[[], dict | None] = lambda: None,
+                 lora_config: dict | None = None):
         """parts: (model, optimizer, scheduler) by name, as the actor holds them; model_spec: the
-        policy's model as loaded (its config and tokenizer go into the exports)."""
+        policy's model as loaded (its config and tokenizer go into the exports); adapter: with
+        LoRA, a collective returning the adapters on rank 0 (exported beside the merged model,
+        with their PEFT `lora_config`)."""
+        self.adapter, self.lora_config = adapter, lora_config
         self.spec, self.layout, self.storage, self.key, self.device = spec, layout, storage, key, device
         self.model_spec = model_spec
         self.parts = parts
@@ -253,10 +264,10 @@ class Checkpointer:
             return {}
         seconds = self.save(step, trainer_state())
         if best:
-            policy = weights()
+            policy, adapter = weights(), self.adapter()
             if dist.get_rank() == 0:
                 self.storage.delete_dir(self.layout.hf_best)
-                self.export(policy, self.layout.hf_best)
+                self.export(policy, self.layout.hf_best, adapter)
         return {"timing_s/checkpoint": seconds}
 
     def _new_best(self, step: int, metrics: dict) -> bool:
@@ -286,8 +297,11 @@ class Checkpointer:
             log.info("Saved checkpoint to %s", uri)
         return time.perf_counter() - start
 
-    def export(self, weights: dict[str, torch.Tensor], uri: str) -> None:
-        """Rank 0: a policy as a Hugging Face model at `uri` (hf/step-N at the end, hf/best)."""
-        from grpo_trainer.export import save_hf
+    def export(self, weights: dict[str, torch.Tensor], uri: str, adapter: dict | None = None) -> None:
+        """Rank 0: a policy as a Hugging Face model at `uri` (hf/step-N at the end, hf/best);
+        with LoRA (`adapter`) merged, and the PEFT adapter folder in `uri`/lora_adapter."""
+        from grpo_trainer.export import save_adapter, save_hf
         save_hf(weights, self.model_spec, uri, self.storage)
+        if adapter is not None:
+            save_adapter(adapter, self.lora_config, self.model_spec, uri, self.storage)
         log.info("Exported the %s policy to %s", "best" if uri == self.layout.hf_best else "final", uri)

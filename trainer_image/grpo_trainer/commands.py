@@ -133,7 +133,8 @@ def _cuda() -> bool:
 
 
 def export(argv: list[str]) -> int:
-    """Write a checkpoint as a Hugging Face model (safetensors)."""
+    """Write a checkpoint as a Hugging Face model (safetensors); a LoRA checkpoint merged, and its
+    PEFT adapter folder in OUT/lora_adapter."""
     parser = argparse.ArgumentParser(prog="grpo export", description="Write a checkpoint as a Hugging Face model.")
     parser.add_argument("checkpoint", help="checkpoint folder URI (…/checkpoints/step-N)")
     parser.add_argument("--out", required=True, help="output folder")
@@ -164,7 +165,18 @@ def export(argv: list[str]) -> int:
     out = f"file://{Path(args.out).absolute()}"
     # The model's config and tokenizer come from where the job read them (fetched again here when
     # that is object storage).
-    save_hf(weights, local_model(ModelSpec.model_validate(state["model"])), out, storage)
+    model_spec = local_model(ModelSpec.model_validate(state["model"]))
+    if "lora_config" in state:
+        # A LoRA checkpoint holds the adapters: merged onto the base model, and as PEFT's folder.
+        from grpo_trainer import lora
+        from grpo_trainer.export import save_adapter
+        from grpo_trainer.model import load_hf_model
+        merged = lora.merged_from_checkpoint(load_hf_model(model_spec), weights, state["lora_config"])
+        save_hf(merged, model_spec, out, storage)
+        save_adapter({lora.adapter_file_name(k): v for k, v in weights.items()}, state["lora_config"], model_spec,
+                     out, storage)
+    else:
+        save_hf(weights, model_spec, out, storage)
     print(f"Exported step {state['step']} to {args.out}")
     return 0
 

@@ -1,6 +1,7 @@
 """Hugging Face export: safetensors + config + tokenizer that `from_pretrained` loads.
 
-Used at the end of every run (the final policy) and by `grpo export CHECKPOINT --out DIR`.
+Used at the end of every run (the final policy) and by `grpo export CHECKPOINT --out DIR`. A
+LoRA policy is exported merged, with its PEFT adapter folder beside (`lora_adapter/`).
 """
 
 from __future__ import annotations
@@ -29,3 +30,18 @@ def save_hf(weights: dict[str, torch.Tensor], model_spec: ModelSpec, uri: str, s
         for name in os.listdir(local):
             with open(os.path.join(local, name), "rb") as f:
                 storage.write_bytes(f"{uri}/{name}", f.read())
+
+
+def save_adapter(tensors: dict[str, torch.Tensor], lora_config: dict, model_spec: ModelSpec, uri: str,
+                 storage: Storage) -> None:
+    """A LoRA policy's PEFT adapter folder at `uri`/lora_adapter (verl's name):
+    adapter_config.json and adapter_model.safetensors, for `PeftModel.from_pretrained(base, it)`."""
+    from grpo_trainer.lora import ADAPTER_FOLDER
+    from grpo_trainer.lora import save_adapter as write
+    folder = f"{uri}/{ADAPTER_FOLDER}"
+    local = folder.removeprefix("file://") if folder.startswith("file://") else tempfile.mkdtemp(prefix="grpo-lora-")
+    write(tensors, lora_config, model_spec.path, local)
+    if not folder.startswith("file://"):
+        for name in os.listdir(local):
+            with open(os.path.join(local, name), "rb") as f:
+                storage.write_bytes(f"{folder}/{name}", f.read())

@@ -78,6 +78,8 @@ def load_tokenizer(spec: ModelSpec):
 
 
 def _decoder_layers(model) -> list[torch.nn.Module]:
+    if hasattr(model, "get_base_model"):   # a PEFT (LoRA) wrapper
+        model = model.get_base_model()
     inner = getattr(model, "model", model)
     layers = getattr(inner, "layers", None)
     if layers is None:
@@ -129,10 +131,12 @@ def _parameters_on_meta():
 
 
 def _load_sharded(spec: ModelSpec, device: torch.device, *, dtype: torch.dtype, prepare, shard,
-                  value_head: bool = False, field: str = "spec.model.path"):
+                  value_head: bool = False, field: str = "spec.model.path", wrap=None):
     """The model in `dtype` on `device`, sharded by `shard(model)`, with the checkpoint's
     weights: read by rank 0 alone, each rank receiving its shards (module docstring).
-    `prepare(model)` runs before sharding (gradient checkpointing, freezing)."""
+    `prepare(model)` runs before sharding (gradient checkpointing, freezing); `wrap(model)`
+    after it returns the model to shard (the LoRA wrapper), on rank 0's loaded copy too, whose
+    state (new adapters included) every rank then receives."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
     check_local_model_path(spec.path, field)
@@ -142,6 +146,8 @@ def _load_sharded(spec: ModelSpec, device: torch.device, *, dtype: torch.dtype, 
         model = auto.from_config(config, dtype=dtype, trust_remote_code=spec.trust_remote_code,
                                  attn_implementation="sdpa")
     prepare(model)
+    if wrap is not None:
+        model = wrap(model)
     buffers = {name: b.clone() for name, b in model.named_buffers()}
     model = shard(model)
     model.to_empty(device=device)
@@ -149,8 +155,10 @@ def _load_sharded(spec: ModelSpec, device: torch.device, *, dtype: torch.dtype, 
         for name, b in buffers.items():
             model.get_buffer(name).copy_(b)
     # The checkpoint's own dtype (bf16 for real models) loses nothing and halves rank 0's copy.
-    full = (load_hf_model(spec, dtype="auto", value_head=value_head, field=field).state_dict()
-            if dist.get_rank() == 0 else {})
+    full = {}
+    if dist.get_rank() == 0:
+        loaded = load_hf_model(spec, dtype="auto", value_head=value_head, field=field)
+        full = (wrap(loaded) if wrap is not None else loaded).state_dict()
     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     return model
 
@@ -162,7 +170,13 @@ def build_policy(spec: ModelSpec, device: torch.device, *, compile: bool = False
         model.config.use_cache = False
         if spec.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model = _load_sharded(spec, device, dtype=torch.float32, prepare=prepare,
+    wrap = None
+    if spec.lora is not None:   # adapters on the frozen model (grpo_trainer.lora)
+        from grpo_trainer.lora import add_adapters
+
+        def wrap(model):
+            return add_adapters(model, spec)
+    model = _load_sharded(spec, device, dtype=torch.float32, prepare=prepare, wrap=wrap,
                           shard=lambda m: apply_fsdp(m, compute_dtype=_DTYPES[spec.dtype.value], on_gpu=on_gpu))
     if compile and on_gpu:
         compile_layers(model)
@@ -210,8 +224,9 @@ def build_reference(spec: ModelSpec, device: torch.device, *, cpu_offload: bool,
 
 
 def build_optimizer(model, trainer: TrainerSpec | CriticSpec, total_steps: int):
-    opt = torch.optim.AdamW(model.parameters(), lr=trainer.lr, weight_decay=trainer.weight_decay,
-                            betas=(0.9, 0.999))
+    # Only what trains (with LoRA: the adapters; the frozen base has no optimizer state).
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=trainer.lr, weight_decay=trainer.weight_decay, betas=(0.9, 0.999))
     warmup = trainer.lr_warmup_steps
 
     def lr_factor(step: int) -> float:

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from grpo_api.rpc import RolloutClients
 from grpo_api.spec import WeightSyncSpec
 from grpo_api.weights import Bucket, TensorSpec, plan_buckets
+from grpo_trainer import lora
 from grpo_trainer.collectives import broadcast_json
 from grpo_trainer.weight_sync import (CollectiveWeightSender, GrpcWeightSender, IpcWeightSender, WeightSender,
                                       WeightSyncError, cuda_device_uuid)
@@ -47,7 +48,10 @@ def make_weight_sender(sync: WeightSyncSpec, *, clients: RolloutClients, device:
 
 def rollout_tensors(model) -> list[tuple[str, torch.Tensor]]:
     """(name, parameter or DTensor) as the rollout engines load them: a tied tensor once, under
-    its first name (the tied LM head is the embedding: engines load one and have both)."""
+    its first name (the tied LM head is the embedding: engines load one and have both). A LoRA
+    policy's are its base tensors under the base model's names; `gather` merges the adapters in."""
+    if lora.is_lora(model):
+        return [(name, tensor) for name, tensor, _ in lora.rollout_entries(model)]
     out, seen = [], set()
     for name, tensor in model.state_dict(keep_vars=True).items():
         if id(tensor) not in seen:
@@ -84,8 +88,12 @@ class WeightPublisher:
         """Collective: every rank gathers; rank 0 writes the buffer."""
         from torch.distributed.tensor import DTensor
         with torch.no_grad():
-            for name, tensor in rollout_tensors(self.model):
-                full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            if lora.is_lora(self.model):   # merged: W + scaling x B @ A, as the engines load a model
+                named = lora.full_rollout_tensors(self.model)
+            else:
+                named = ((name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor)
+                         for name, tensor in rollout_tensors(self.model))
+            for name, full in named:
                 if self.rank == 0:
                     self.weights[name].copy_(full.detach())
         if self.device.type == "cuda":
@@ -160,3 +168,7 @@ class WeightPublisher:
         if not self.gathered:
             self.gather()
         return {name: t.to("cpu", copy=True) for name, t in self.weights.items()} if self.rank == 0 else None
+
+    def final_adapter(self) -> dict[str, torch.Tensor] | None:
+        """Collective: a LoRA policy's adapters on rank 0 (PEFT's file names), else None."""
+        return lora.adapter_tensors(self.model, rank=self.rank) if lora.is_lora(self.model) else None

@@ -28,7 +28,7 @@ from grpo_api.records import RunLayout
 from grpo_api.rpc import ClientAuth
 from grpo_api.spec import GRPOJob
 from grpo_api.storage import Storage, job_root
-from grpo_trainer import rollouts
+from grpo_trainer import lora, rollouts
 from grpo_trainer.actor import Actor
 from grpo_trainer.checkpoint import Checkpointer
 from grpo_trainer.metrics import ProgressBar, open_metrics, setup_logging, step_metrics
@@ -62,6 +62,7 @@ class Trainer:
         self.model_spec = local_model(self.spec.model, self.spec.storage,
                                       log=print if self.rank == 0 else lambda *_: None)
         tokenizer = load_tokenizer(self.model_spec)
+        self.lora_config = lora.check_spec(self.model_spec) if self.model_spec.lora else None   # before any write
         datasets, self.steps_per_epoch = rollouts.prepare(self.spec, tokenizer, self.storage, self.layout,
                                                           started=started, device=self.device)
         self.total_steps = self.spec.trainer.total_steps or self.spec.trainer.total_epochs * self.steps_per_epoch
@@ -69,7 +70,8 @@ class Trainer:
                            pad_token_id=tokenizer.pad_token_id)
         self.checkpointer = Checkpointer(self.spec, parts=self.actor.checkpoint_parts(), layout=self.layout,
                                          storage=self.storage, key=checkpoint_key, device=self.device,
-                                         model_spec=self.model_spec)
+                                         model_spec=self.model_spec, lora_config=self.lora_config,
+                                         adapter=lambda: self.publisher.final_adapter())
         resumed = self.checkpointer.resume() or {}
         self.state = State(resumed.get("step", 0), resumed.get("policy_version", 0))
         self.progress: dict = {}   # the last progress.json written
@@ -104,7 +106,9 @@ class Trainer:
                      self.total_steps, self.steps_per_epoch, self.world, self.device)
         # Rollout servers may hold the initial weights (a resumed run), or a later policy (a
         # trainer restarted before its first checkpoint): this policy goes out first.
-        self.publisher.catch_up(self.state.policy_version, force=self.state.step > 0)
+        # A LoRA adapter to start from (model.lora.adapterPath) is not what the servers loaded.
+        started_from_adapter = bool(self.model_spec.lora and self.model_spec.lora.adapter_path)
+        self.publisher.catch_up(self.state.policy_version, force=self.state.step > 0 or started_from_adapter)
         if (metrics := self.validator.before_training(self.state.step, self.state.policy_version)) and self.rank == 0:
             self.metrics.log(0, metrics)
         bar = ProgressBar(self.total_steps, self.state.step) if self.rank == 0 else None
@@ -121,10 +125,10 @@ class Trainer:
                 self.metrics.log(step, metrics)
                 self._write_progress(metrics)
                 bar.update(metrics)
-        weights = self.publisher.final_weights()
+        weights, adapter = self.publisher.final_weights(), self.publisher.final_adapter()
         if self.rank == 0:
             bar.close()
-            self.checkpointer.export(weights, self.layout.hf_export(self.state.step))
+            self.checkpointer.export(weights, self.layout.hf_export(self.state.step), adapter)
             self.metrics.close()
         dist.barrier()
 
@@ -169,7 +173,8 @@ class Trainer:
         return {"policy_version": self.state.policy_version, **self.rollouts.state_dict(), **self.actor.state_dict(),
                 "validation_score": self.validator.score,
                 "trackers": self.metrics.tracker_runs() if self.metrics else {},
-                "model": self.spec.model.model_dump(mode="json", by_alias=True)}
+                "model": self.spec.model.model_dump(mode="json", by_alias=True),
+                **({"lora_config": self.lora_config} if self.lora_config else {})}
 
     def _write_progress(self, metrics: dict[str, float]) -> None:
         """progress.json, which the operator copies into the status. Without a step's metrics (a

@@ -1,0 +1,146 @@
+"""Issue 33, LoRA (spec.model.lora) end to end on CPU: torchrun with 2 ranks (gloo), real `grpo
+rollout` servers over gRPC, file:// storage, the tiny Qwen3 model.
+
+- the reference model is the base with the adapters off: the KL loss is exactly 0 at step 1
+  (B starts at zero: the policy is the base) and positive once the adapters moved;
+- only the adapters train: every exported base weight the adapters don't touch is the base
+  model's, bit for bit; the checkpoint holds the adapters alone;
+- the rollout servers follow the policy: they get the merged weights (W + alpha/r x B @ A, under
+  the base model's names), and the merge is PEFT's own (merge_and_unload, an independent
+  implementation);
+- both exports load, the PEFT adapter on the base model and the merged model alone, at the end
+  of the run and from `grpo export` of a checkpoint, and generate what the trained policy
+  generates (greedy).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from integration_helpers import (child_env, grpo_cli, load_safetensors, read_metrics, run_root, run_trainer,
+                                 start_rollout_servers, write_job)
+
+pytestmark = pytest.mark.integration
+
+STEPS = 3
+LORA = {"rank": 8, "alpha": 16}
+PROMPT = "copy the digit 7 then answer #### and the digit"
+
+
+@dataclass
+class Run:
+    root: Path
+    output: str
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory, tiny_model, quickstart_data, dense_reward):
+    tmp = tmp_path_factory.mktemp("lora")
+    token = secrets.token_hex(16)
+    job = write_job(tmp / "job.yaml", name="lora", model=tiny_model, train=quickstart_data[0],
+                    storage=tmp / "store", reward={"function": dense_reward},
+                    lora=LORA, algorithm={"klLossCoef": 0.01},
+                    trainer={"totalSteps": STEPS, "saveFreq": 2, "lr": 2e-2},
+                    weightSync={"backend": "nccl"})   # the collective path (gloo on CPU)
+    servers = start_rollout_servers(job, token, 2, tmp)
+    try:
+        result = run_trainer(job, rollout=",".join(s.address for s in servers), token=token)
+        assert result.returncode == 0, result.output[-8000:]
+        yield Run(run_root(tmp / "store", "lora"), result.output)
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def test_the_reference_is_the_base_model_with_the_adapters_off(lora_run):
+    rows = read_metrics(lora_run.root)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    kl = [r["actor/kl_loss"] for r in rows]
+    assert kl[0] == 0.0, kl                  # B = 0: the policy is the base, its KL to it nothing
+    assert all(k > 0 for k in kl[1:]), kl    # a reference that moved with the policy would stay 0
+    assert all(r["actor/grad_norm"] > 0 for r in rows)
+
+
+def test_only_the_adapters_train(lora_run, tiny_model):
+    import torch
+    base = load_safetensors(tiny_model)
+    final = load_safetensors(lora_run.root / "hf" / f"step-{STEPS}")
+    adapted = {n for n in final if n.endswith("_proj.weight")}   # all-linear: attention and MLP projections
+    assert adapted and set(final) <= set(base) | {"lm_head.weight"}
+    for name in final:
+        if name in adapted:
+            assert not torch.equal(final[name], base[name]), name
+        elif name in base:
+            assert torch.equal(final[name], base[name]), name        # embeddings, norms: frozen
+    # The checkpoint: adapters (and their optimizer state) only, no base weight.
+    ckpt = lora_run.root / "checkpoints" / "step-2"
+    names = json.loads((ckpt / "trainer_state.json").read_text())["lora_config"]
+    assert names["r"] == 8 and names["lora_alpha"] == 16
+    from torch.distributed.checkpoint import FileSystemReader
+    keys = FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata   # our own file: its pickle is ours
+    model_keys = [k for k in keys if k.startswith("model.")]
+    assert model_keys and all(".lora_A." in k or ".lora_B." in k for k in model_keys), model_keys[:5]
+    optimizer_params = {k.split(".", 2)[2].rsplit(".", 1)[0] for k in keys if k.startswith("optim.state.")}
+    assert optimizer_params == {k.removeprefix("model.") for k in model_keys}, sorted(optimizer_params)[:5]
+
+
+def _generate(model) -> list[int]:
+    import torch
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(model.name_or_path)
+    ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=True,
+                                  return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        out = model.eval().generate(**ids, max_new_tokens=6, do_sample=False, pad_token_id=tok.pad_token_id)
+    return out[0, ids["input_ids"].shape[1]:].tolist()
+
+
+def _merged_and_adapter(folder: Path, tiny_model: Path):
+    """(the merged model alone, PEFT's adapter on the base model) of one export."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    merged = AutoModelForCausalLM.from_pretrained(folder)
+    on_base = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), folder / "lora_adapter")
+    on_base.name_or_path = str(folder)   # the tokenizer (the same) from the export
+    return merged, on_base
+
+
+def _check_export(folder: Path, tiny_model: Path, trained: dict) -> list[int]:
+    import torch
+    merged, on_base = _merged_and_adapter(folder, tiny_model)
+    config = json.loads((folder / "lora_adapter" / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 8 and config["lora_alpha"] == 16
+    # PEFT's own merge of the adapter == the trainer's (what the rollout servers received)
+    peft_merged = on_base.merge_and_unload().state_dict()
+    for name, weight in merged.state_dict().items():
+        torch.testing.assert_close(peft_merged[name], weight, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(trained[name], weight, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+    merged2, on_base2 = _merged_and_adapter(folder, tiny_model)
+    tokens = _generate(merged2)
+    assert 1 <= len(tokens) <= 6 and _generate(on_base2) == tokens
+    return tokens
+
+
+def test_both_exports_load_and_generate_what_the_trained_policy_generates(lora_run, tiny_model, tmp_path):
+    """The run's final export; and `grpo export` of the last checkpoint (step 3, the final one:
+    the same policy, merged from the checkpoint's adapters onto the base here)."""
+    from transformers import AutoModelForCausalLM
+    final = lora_run.root / "hf" / f"step-{STEPS}"
+    trained = load_safetensors(final)        # the publisher's merged weights, as the servers have them
+    trained.setdefault("lm_head.weight", trained["model.embed_tokens.weight"])
+    tokens = _check_export(final, tiny_model, trained)
+    out = tmp_path / "exported"
+    proc = subprocess.run([*grpo_cli(), "export", str(lora_run.root / "checkpoints" / f"step-{STEPS}"), "--out",
+                           str(out)], capture_output=True, text=True, timeout=300, env=child_env())
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert _check_export(out, tiny_model, trained) == tokens
+    # and the policy moved: the base model generates something else or scores it otherwise
+    base = AutoModelForCausalLM.from_pretrained(tiny_model)
+    assert any(not (a == b).all() for a, b in zip(base.state_dict().values(),
+                                                 AutoModelForCausalLM.from_pretrained(out).state_dict().values()))
