@@ -34,7 +34,14 @@ ROLLOUT_SCHEMA = pa.schema([
     ("data_source", pa.string()),
     ("ground_truth", pa.string()),
     ("worker", pa.string()),
+    # Multi-turn (rollout.multiTurn), null for single-turn samples; shards written before these
+    # columns existed read as single-turn (ROLLOUT_OPTIONAL).
+    ("response_mask", pa.list_(pa.int8())),  # 1: sampled by the model, 0: a tool's tokens
+    ("num_turns", pa.int32()),          # model turns + tool turns
+    ("agent", pa.string()),             # JSON: the trajectory's tool calls, errors and latencies
 ])
+ROLLOUT_OPTIONAL = ("response_mask", "num_turns", "agent")
+"""Columns a reader must not require (older shards don't have them)."""
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,12 @@ No torch import here: `grpo validate` and the operator must start fast.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable, Literal
+from typing import Annotated, Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 from pydantic.alias_generators import to_camel
 
@@ -258,6 +259,58 @@ class CriticSpec(_Model):
     """Recompute activations in the backward pass (verl: critic.model.enable_gradient_checkpointing)."""
 
 
+class PythonSandbox(_Model):
+    """Limits of the built-in `python` tool: each call runs the model's code in a fresh process
+    (rlimits, an empty temporary folder, no network where the host allows a network namespace;
+    docs/RELIABILITY.md says what it does and doesn't protect against)."""
+
+    timeout_seconds: float = Field(default=10.0, gt=0)
+    """Wall-clock limit of one run; the process is killed after it."""
+    cpu_seconds: int = Field(default=10, ge=1)
+    """CPU-time rlimit (RLIMIT_CPU)."""
+    memory_mb: int = Field(default=512, ge=16, alias="memoryMB")
+    """Address-space rlimit (RLIMIT_AS) in MiB."""
+    max_processes: int = Field(default=0, ge=0)
+    """Processes/threads the code may start beyond itself (RLIMIT_NPROC, per user: 0 forbids fork where the server runs as its own user)."""
+
+
+class MultiTurnSpec(_Model):
+    """Multi-turn, tool-using rollouts (verl: actor_rollout_ref.rollout.multi_turn): the model's
+    turns end at a tool call (Hermes `<tool_call>{json}</tool_call>`), the tools run on the
+    rollout server, their answers are appended as the chat template's tool turn, and generation
+    goes on. Tool tokens are in the trajectory but masked out of every loss."""
+
+    enable: bool = False
+    """Run the agent loop (verl: multi_turn.enable)."""
+    max_assistant_turns: int | None = Field(default=None, ge=1)
+    """Most model turns per sample; null: until data.maxResponseLength (verl: multi_turn.max_assistant_turns)."""
+    max_user_turns: int | None = Field(default=None, ge=0)
+    """Most tool turns per sample; null: no limit but the length (verl: multi_turn.max_user_turns)."""
+    max_parallel_calls: int = Field(default=1, ge=1)
+    """Tool calls run per model turn. 1 stops generation at the first `</tool_call>`; more let the model end its turn and runs up to this many of its calls at once (verl: multi_turn.max_parallel_calls)."""
+    max_tool_response_length: int = Field(default=256, ge=1)
+    """Characters of a tool's answer kept (verl: multi_turn.max_tool_response_length)."""
+    tool_response_truncate_side: Literal["left", "middle", "right"] = "middle"
+    """Which part of a long answer is cut (verl: multi_turn.tool_response_truncate_side)."""
+    format: Literal["hermes"] = "hermes"
+    """Tool-call format the model writes (verl: multi_turn.format)."""
+    tools: list[Annotated[str, Field(pattern=r"^(python|.+:[A-Za-z_][A-Za-z0-9_]*)$")]] = Field(default_factory=list)
+    """Tools: `python` (the built-in sandboxed code runner), or a Python function `module:function` / `path/to/file.py:function` whose JSON schema comes from its signature and docstring; keyword-only parameters are filled from the dataset row's extra_info.tools_kwargs[name].create_kwargs, not by the model."""
+    tool_config_path: str | None = Field(default=None, min_length=1)
+    """A verl tool config file (YAML: tools[].class_name, config, tool_schema) (verl: multi_turn.tool_config_path)."""
+    tool_timeout_seconds: float = Field(default=30.0, gt=0)
+    """Per-call limit; a tool that takes longer answers with an error message, and the sample goes on."""
+    python: PythonSandbox = PythonSandbox()
+    """The `python` tool's sandbox limits."""
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_unique(cls, tools: list[str]) -> list[str]:
+        if len(set(tools)) != len(tools):
+            raise ValueError(f"a tool is listed twice: {tools}")
+        return tools
+
+
 class RolloutSpec(_Model):
     engine: Literal["vllm", "hf"] = "vllm"
     """Generation engine: vllm (GPU, production) or hf (transformers; CPU, dev, tests) (verl: rollout.name)."""
@@ -289,6 +342,8 @@ class RolloutSpec(_Model):
     """Sampling seed; each worker and step derives its own from it."""
     template: dict[str, Any] | None = None
     """Partial pod template merged into the rollout pods (nodeSelector, tolerations, volumes, env...)."""
+    multi_turn: MultiTurnSpec = MultiTurnSpec()
+    """Multi-turn, tool-using rollouts (the agent loop)."""
 
 
 class SaveBest(_Model):
@@ -642,10 +697,23 @@ def _cache_has_something_to_fetch(s: GRPOJobSpec) -> str | None:
     return None
 
 
+def _multi_turn_needs_tools(s: GRPOJobSpec) -> str | None:
+    mt = s.rollout.multi_turn
+    if mt.enable and not mt.tools and mt.tool_config_path is None:
+        return "enable needs at least one tool (tools, or toolConfigPath)"
+    return None
+
+
 _LOCAL_PATH = "{0}.startsWith('/') || {0}.startsWith('./') || {0}.startsWith('../')"
 _GROUP_LIST = "[" + ", ".join(f"'{e}'" for e in GROUP_ESTIMATORS) + "]"
 
 CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
+    CrossFieldRule(
+        "rollout.multiTurn.tools",
+        "!self.rollout.multiTurn.enable || size(self.rollout.multiTurn.tools) > 0 || "
+        "has(self.rollout.multiTurn.toolConfigPath)",
+        "rollout.multiTurn.enable needs at least one tool (tools, or toolConfigPath)",
+        _multi_turn_needs_tools),
     CrossFieldRule(
         "rollout.n",
         f"!(self.algorithm.advEstimator in {_GROUP_LIST}) || self.rollout.n >= 2",

@@ -63,6 +63,10 @@ class Sample:
     """One behaviour logprob per response token (see the module docstring)."""
     finish_reason: FinishReason
     """"stop": EOS or a stop string; "length": max_tokens reached."""
+    response_mask: list[int] | None = None
+    """Multi-turn (grpo_rollout.agent_loop): 1 for each sampled token, 0 for tool tokens; None: all sampled."""
+    agent: dict | None = None
+    """Multi-turn: the trajectory's turns and tool calls (names, arguments, errors, latencies)."""
 
 
 @dataclass(frozen=True)

@@ -66,4 +66,8 @@ def rollout_table(prompts: list[Prompt], scored: list[list[Scored]], *, policy_v
             cols["data_source"].append(prompt.data_source)
             cols["ground_truth"].append(prompt.ground_truth)
             cols["worker"].append(worker)
+            agent = s.sample.agent
+            cols["response_mask"].append(s.sample.response_mask)
+            cols["num_turns"].append(None if agent is None else agent["num_turns"])
+            cols["agent"].append(None if agent is None else json.dumps(agent, default=repr))
     return pa.Table.from_pydict(cols, schema=ROLLOUT_SCHEMA)

@@ -179,7 +179,7 @@ class VLLMEngine(Engine):
             model_path, dtype=dtype, seed=seed, tokenizer_path=tokenizer_path, trust_remote_code=trust_remote_code,
             tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len, enforce_eager=enforce_eager, max_num_batched_tokens=max_num_batched_tokens))
-        self._tokenizer = self._llm.get_tokenizer()
+        self._tokenizer = self.tokenizer = self._llm.get_tokenizer()   # the agent loop renders tool turns with it
         self._device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
     @property

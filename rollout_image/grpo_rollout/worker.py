@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from grpo_api.records import PROMPT_SCHEMA
 from grpo_api.spec import GRPOJobSpec
 from grpo_api.storage import Storage
+from grpo_rollout.agent_loop import build_agent_loop, reward_extra_info
 from grpo_rollout.engine import Engine, EngineInfo, SamplingParams
 from grpo_rollout.metrics import RolloutMetrics
 from grpo_rollout.rewards import RewardPool, RewardRequest, overlong_penalty
@@ -99,6 +100,7 @@ class RolloutWorker:
         self.metrics = metrics
         self.engine_lock = threading.Lock()  # generation and weight loading take turns
         self.weights = WeightReceiver(engine, self.engine_lock, metrics)
+        self.agent_loop = build_agent_loop(spec, engine)   # rollout.multiTurn: tool-using trajectories
         metrics.set_policy_version(engine.policy_version)
 
     def health(self) -> Health:
@@ -121,7 +123,10 @@ class RolloutWorker:
         with self.metrics.in_flight(), self.engine_lock:
             version = self._check_version(job.expected_policy_version)
             started = time.monotonic()
-            groups = self.engine.generate([p.prompt_ids for p in prompts], params)
+            if self.agent_loop is not None:
+                groups = self.agent_loop.generate(prompts, params)
+            else:
+                groups = self.engine.generate([p.prompt_ids for p in prompts], params)
             generate_seconds = time.monotonic() - started
             texts = [[self.engine.decode(s.token_ids) for s in g] for g in groups]
         samples = sum(len(g) for g in groups)
@@ -151,8 +156,9 @@ class RolloutWorker:
         return health.policy_version
 
     def _score(self, prompts: list[Prompt], groups, texts) -> tuple[list[list[Scored]], Counter]:
-        requests = [RewardRequest(p.data_source, text, p.ground_truth, p.extra_info)
-                    for p, group_texts in zip(prompts, texts) for text in group_texts]
+        requests = [RewardRequest(p.data_source, text, p.ground_truth, reward_extra_info(p.extra_info, sample))
+                    for p, group, group_texts in zip(prompts, groups, texts)
+                    for sample, text in zip(group, group_texts)]
         results = iter(self.rewards.score(requests))
         shaping = self.spec.reward.overlong_buffer
         errors: Counter = Counter()

@@ -27,18 +27,40 @@ class Sample:
     reward: float
     finish_reason: str
     policy_version: int = 0       # of the weights that generated it
+    loss_mask: list[int] | None = None   # multi-turn: 1 for the model's tokens, 0 for tools'; None: all 1
 
     @property
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
 
+    def mask(self) -> torch.Tensor:
+        """[len(response_ids)]: which response tokens the losses, the KL and the entropy see."""
+        if self.loss_mask is None:
+            return torch.ones(len(self.response_ids))
+        return torch.tensor(self.loss_mask, dtype=torch.float32)
+
+    @property
+    def last_model_token(self) -> int:
+        """Where the outcome reward goes: the last token the model sampled."""
+        if self.loss_mask is None:
+            return len(self.response_ids) - 1
+        return max((i for i, m in enumerate(self.loss_mask) if m), default=len(self.response_ids) - 1)
+
 
 def samples_from_table(table: pa.Table) -> list[Sample]:
+    # Shards written before multi-turn have no response_mask: every response token is the model's.
+    has_mask = "response_mask" in table.column_names
     rows = table.select(["uid", "prompt_index", "sample_index", "prompt_ids", "response_ids",
-                         "response_logprobs", "reward", "finish_reason", "policy_version"]).to_pylist()
+                         "response_logprobs", "reward", "finish_reason", "policy_version"]
+                        + (["response_mask"] if has_mask else [])).to_pylist()
     samples = [Sample(r["uid"], r["prompt_index"], r["sample_index"], r["prompt_ids"], r["response_ids"],
-                      r["response_logprobs"], float(r["reward"]), r["finish_reason"], r["policy_version"])
+                      r["response_logprobs"], float(r["reward"]), r["finish_reason"], r["policy_version"],
+                      r.get("response_mask"))
                for r in rows]
+    for s in samples:
+        if s.loss_mask is not None and len(s.loss_mask) != len(s.response_ids):
+            raise ValueError(f"sample {s.uid}/{s.sample_index}: {len(s.loss_mask)} response_mask entries for "
+                             f"{len(s.response_ids)} response tokens")
     return sorted(samples, key=lambda s: (s.prompt_index, s.sample_index))
 
 
@@ -77,14 +99,14 @@ def check_staleness(samples: list[Sample], current_version: int, max_staleness: 
 
 
 def token_rewards(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, T] token-level rewards (the outcome reward on each response's last token) and the
-    response mask, T the longest response."""
+    """[N, T] token-level rewards (the outcome reward on each response's last model token) and the
+    response mask (0 on tool tokens), T the longest response."""
     width = max(len(s.response_ids) for s in samples)
     mask = torch.zeros(len(samples), width)
     rewards = torch.zeros(len(samples), width)
     for i, s in enumerate(samples):
-        mask[i, :len(s.response_ids)] = 1
-        rewards[i, len(s.response_ids) - 1] = s.reward
+        mask[i, :len(s.response_ids)] = s.mask()
+        rewards[i, s.last_model_token] = s.reward
     return rewards, mask
 
 
@@ -189,7 +211,7 @@ def collate(indices: list[int], samples: list[Sample], advantages: list[torch.Te
                              f"for {r} response tokens")
         input_ids[row, :p + r] = torch.tensor(s.prompt_ids + s.response_ids)
         attention[row, :p + r] = 1
-        resp_mask[row, p - 1:p - 1 + r] = 1
+        resp_mask[row, p - 1:p - 1 + r] = s.mask()
         if advantages is not None:
             adv[row, p - 1:p - 1 + r] = advantages[i]
         behaviour[row, p - 1:p - 1 + r] = torch.tensor(s.behaviour_logprobs)

@@ -1,0 +1,116 @@
+"""Tools for the agent loop (grpo_rollout.agent_loop): Python functions, verl tool config files,
+the built-in sandboxed `python`; and `ToolRunner`, which runs a turn's calls at once, each under
+a timeout, and turns every failure into an error message for the model."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from dataclasses import dataclass
+
+from grpo_api.spec import MultiTurnSpec
+from grpo_rollout.tools.base import Tool, ToolError
+from grpo_rollout.tools.function_tool import FunctionTool, import_function
+from grpo_rollout.tools.python_tool import PythonTool
+from grpo_rollout.tools.verl_config import load_tool_config
+
+__all__ = ["Tool", "ToolError", "ToolCall", "ToolResult", "ToolRunner", "load_tools", "truncate"]
+
+
+def load_tools(spec: MultiTurnSpec) -> dict[str, Tool]:
+    tools: list[Tool] = []
+    for i, ref in enumerate(spec.tools):
+        if ref == "python":
+            tools.append(PythonTool(spec.python))
+            continue
+        try:
+            tools.append(FunctionTool(import_function(ref)))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"rollout.multiTurn.tools[{i}]: {exc}") from exc
+    if spec.tool_config_path:
+        tools.extend(load_tool_config(spec.tool_config_path))
+    by_name: dict[str, Tool] = {}
+    for tool in tools:
+        if tool.name in by_name:
+            raise ValueError(f"rollout.multiTurn.tools: two tools are named {tool.name!r}")
+        by_name[tool.name] = tool
+    return by_name
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict
+    error: str = ""
+    """Set when the call could not be parsed: the model reads it instead of a tool's answer."""
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    name: str
+    text: str
+    error: str          # "" or the kind: parse, unknown_tool, tool_error, timeout, crash
+    seconds: float
+
+
+def truncate(text: str, limit: int, side: str) -> str:
+    """verl's tool_response_truncate_side: keep the first (right: cut the right), last (left) or
+    both ends (middle) of a long answer."""
+    if len(text) <= limit:
+        return text
+    if side == "left":
+        return "...(truncated)" + text[-limit:]
+    if side == "right":
+        return text[:limit] + "...(truncated)"
+    half = limit // 2
+    return text[:half] + "...(truncated)..." + text[len(text) - (limit - half):]
+
+
+class ToolRunner:
+    """Runs calls on a thread pool. A call past its timeout answers with an error at once; its
+    thread is left to finish on its own (Python can't kill a thread: a function tool that never
+    returns holds one pool thread; the `python` tool's process is killed by its own limit)."""
+
+    def __init__(self, tools: dict[str, Tool], *, timeout_seconds: float, max_response_length: int,
+                 truncate_side: str, workers: int = 16):
+        self.tools = tools
+        self.timeout = timeout_seconds
+        self.max_length = max_response_length
+        self.side = truncate_side
+        self._pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tool")
+
+    def run(self, calls: list[tuple[ToolCall, dict]]) -> list[ToolResult]:
+        """`calls`: each with its row's create_kwargs for that tool. Results in order."""
+        started = time.monotonic()
+        futures = [self._submit(call, kwargs) for call, kwargs in calls]
+        results = []
+        for (call, _), future in zip(calls, futures):
+            if isinstance(future, ToolResult):
+                results.append(future)
+                continue
+            left = max(0.0, self.timeout - (time.monotonic() - started))
+            try:
+                text, error = future.result(timeout=left), ""
+            except cf.TimeoutError:
+                text, error = f"Error: tool {call.name} timed out after {self.timeout:g}s", "timeout"
+            except ToolError as exc:
+                text, error = f"Error: {exc}", "tool_error"
+            except Exception as exc:  # noqa: BLE001 - a tool's crash is the model's answer, not the server's
+                text, error = f"Error: tool {call.name} raised {type(exc).__name__}: {exc}", "crash"
+            results.append(ToolResult(call.name, truncate(text, self.max_length, self.side), error,
+                                      time.monotonic() - started))
+        return results
+
+    def _submit(self, call: ToolCall, create_kwargs: dict):
+        if call.error:
+            return ToolResult(call.name, f"Error: {call.error}", "parse", 0.0)
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return ToolResult(call.name, f"Error: no tool named {call.name!r}; the tools are {sorted(self.tools)}",
+                              "unknown_tool", 0.0)
+        return self._pool.submit(tool.call, call.arguments, create_kwargs)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for tool in self.tools.values():
+            tool.close()

@@ -1,0 +1,149 @@
+"""The agent loop on the hf engine with the lookup task's tiny model: token-in/token-out, the
+response mask, turn limits, and tools that fail without failing the rollout."""
+
+import json
+
+import pytest
+
+from grpo_api.spec import MultiTurnSpec
+from grpo_rollout import tool_task
+from grpo_rollout.agent_loop import ToolAgentLoop
+from grpo_rollout.engine import SamplingParams
+from grpo_rollout.hf_engine import HFEngine
+from grpo_rollout.shard import Prompt, Scored, rollout_table
+from grpo_rollout.tools import ToolRunner, load_tools
+
+FIXTURES = "tests.rollout.tool_fixtures.tools"
+MAX_LEN = 24
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    return HFEngine(tool_task.build_model(tmp_path_factory.mktemp("lookup-model")))
+
+
+class RecordingEngine:
+    """The real engine, with a record of every call's input ids and sampled ids (a spy)."""
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+        self.tokenizer = engine.tokenizer
+
+    def generate(self, prompt_ids, params):
+        groups = self.engine.generate(prompt_ids, params)
+        self.calls.extend((list(p), list(g[0].token_ids)) for p, g in zip(prompt_ids, groups))
+        return groups
+
+    def decode(self, ids):
+        return self.engine.decode(ids)
+
+
+def prompt_ids(tok, text="answer #### and the digit"):
+    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    return ids if isinstance(ids, list) else list(ids["input_ids"])
+
+
+def make_loop(engine, tools=("tool_task",), timeout=5.0, **spec):
+    refs = ["grpo_rollout.tool_task:lookup" if t == "tool_task" else t for t in tools]
+    mt = MultiTurnSpec(enable=True, tools=refs, **spec)
+    runner = ToolRunner(load_tools(mt), timeout_seconds=timeout, max_response_length=mt.max_tool_response_length,
+                        truncate_side=mt.tool_response_truncate_side)
+    return ToolAgentLoop(mt, engine, engine.tokenizer, runner, MAX_LEN)
+
+
+def lookup_prompt(tok, digit="7", **extra):
+    return Prompt("0-0", 0, prompt_ids(tok), "openai/gsm8k", digit,
+                  {"tools_kwargs": {"lookup": {"create_kwargs": {"digit": digit}}}, **extra})
+
+
+def test_token_in_token_out(engine):
+    """The trajectory is exactly the engine's inputs and samples, and the tool turns' ids; a
+    decode + re-encode of the same trajectory would give other ids."""
+    spy = RecordingEngine(engine)
+    loop = make_loop(spy)
+    tok = engine.tokenizer
+    [group] = loop.generate([lookup_prompt(tok)], SamplingParams(n=64, max_tokens=MAX_LEN, seed=3))
+    prompt = prompt_ids(tok)
+    with_calls = [s for s in group if s.agent["tool_calls"]]
+    assert with_calls, "the random policy made no tool call in 64 samples"
+    unmatched = list(spy.calls)      # each engine sample explains one model turn, once
+    for s in group:
+        ids, mask = s.token_ids, s.response_mask
+        assert len(ids) == len(mask) == len(s.logprobs) <= MAX_LEN
+        # Walk the trajectory turn by turn: each model turn is what the engine sampled from
+        # exactly the ids before it; each tool turn is the template's rendering of the answers.
+        pos = 0
+        while pos < len(ids):
+            given = prompt + ids[:pos]
+            match = next((c for c in unmatched if c[0] == given and c[1][:len(ids) - pos] == ids[pos:pos + len(c[1])]),
+                         None)
+            assert match is not None, f"tokens {ids[pos:]} at {pos} are no sample the engine made from {given}"
+            unmatched.remove(match)
+            sampled = match[1]
+            assert mask[pos:pos + len(sampled)] == [1] * len(sampled[:len(ids) - pos])
+            pos += len(sampled)
+            tool_len = 0
+            while pos + tool_len < len(ids) and mask[pos + tool_len] == 0:
+                tool_len += 1
+            if tool_len:
+                assert ids[pos:pos + tool_len] == loop.tool_turn_ids(
+                    [type("R", (), {"text": "7"})()], ids[pos - 1])
+                assert all(lp == 0.0 for lp in s.logprobs[pos:pos + tool_len])
+            pos += tool_len
+    answered = [s for s in with_calls if 0 in s.response_mask]    # else the tool turn didn't fit
+    assert answered
+    for s in answered:
+        assert tok.convert_ids_to_tokens(s.token_ids[s.response_mask.index(0):][:3]) == ["<|im_end|>", "<|im_start|>", "tool"]
+    # A text-based loop keeps the model's turns as message text (decoded as the rewards see it)
+    # and encodes the conversation again: the ids drift (tokens dropped or merged).
+    reencoded = [tok.encode(engine.decode(s.token_ids), add_special_tokens=False) for s in group]
+    assert any(r != s.token_ids for r, s in zip(reencoded, group)), "no sample where re-encoding would drift"
+
+
+def test_turn_limits(engine):
+    tok = engine.tokenizer
+    loop = make_loop(engine, max_assistant_turns=1)
+    [group] = loop.generate([lookup_prompt(tok)], SamplingParams(n=32, max_tokens=MAX_LEN, seed=5))
+    assert all(s.agent["assistant_turns"] == 1 and s.agent["tool_calls"] == [] for s in group)
+    assert all(set(s.response_mask) <= {1} for s in group)
+    loop = make_loop(engine, max_user_turns=1)
+    [group] = loop.generate([lookup_prompt(tok)], SamplingParams(n=64, max_tokens=MAX_LEN, seed=5))
+    assert max(len(s.agent["tool_calls"]) for s in group) == 1
+
+
+def test_single_turn_agent_rows_run_no_tools(engine):
+    tok = engine.tokenizer
+    loop = make_loop(engine)
+    prompt = lookup_prompt(tok, agent_name="single_turn_agent")
+    [group] = loop.generate([prompt], SamplingParams(n=32, max_tokens=MAX_LEN, seed=3))
+    assert all(s.agent["tool_calls"] == [] and s.agent["assistant_turns"] == 1 for s in group)
+    with pytest.raises(ValueError, match="extra_info.agent_name 'chess'"):
+        loop.generate([lookup_prompt(tok, agent_name="chess")], SamplingParams(n=1, max_tokens=4))
+
+
+@pytest.mark.parametrize("tool, error, says", [("explode", "crash", "RuntimeError: the tool broke"),
+                                               ("hang", "timeout", "timed out after 0.5s")])
+def test_a_failing_tool_is_an_error_message_and_the_rollout_goes_on(engine, tool, error, says):
+    """The lookup call reaches a tool that raises or hangs: every sample still completes, the
+    call is recorded with its error, and the model reads the error as the tool's answer."""
+    tok = engine.tokenizer
+    loop = make_loop(engine, tools=(f"{FIXTURES}:{tool}",), timeout=0.5)
+    loop.runner.tools["lookup"] = loop.runner.tools.pop(tool)    # the model can only call "lookup"
+    [group] = loop.generate([lookup_prompt(tok)], SamplingParams(n=48, max_tokens=MAX_LEN, seed=3))
+    failed = [s for s in group if s.agent["tool_calls"]]
+    assert failed and all(c["error"] == error for s in failed for c in s.agent["tool_calls"])
+    assert all(s.agent["tool_errors"] == len(s.agent["tool_calls"]) for s in failed)
+    answer = engine.tokenizer.encode(f"Error: {says}", add_special_tokens=False)
+    assert any(answer[0] in s.token_ids for s in failed)
+
+
+def test_records_keep_the_mask_and_the_turns(engine):
+    tok = engine.tokenizer
+    prompt = lookup_prompt(tok)
+    [group] = make_loop(engine).generate([prompt], SamplingParams(n=32, max_tokens=MAX_LEN, seed=3))
+    table = rollout_table([prompt], [[Scored(s, 0.0, {}) for s in group]], policy_version=0, worker="w")
+    rows = table.to_pylist()
+    for row, s in zip(rows, group):
+        assert row["response_ids"] == s.token_ids and row["response_mask"] == s.response_mask
+        assert row["num_turns"] == s.agent["num_turns"]
+        assert json.loads(row["agent"])["tool_calls"] == s.agent["tool_calls"]
