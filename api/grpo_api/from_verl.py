@@ -387,6 +387,48 @@ def _reward_name(value, ctx):
     return SKIP
 
 
+# Reward models (issue 31): verl's discriminative RM, old layout (reward_model.*) and 0.9's
+# (reward.reward_model.*), becomes one classifier in reward.rewardModels, combined as verl does
+# (combine: replace, the default: the model's score is the reward).
+_RM_LAYOUTS = {   # enable key -> (path key, custom function key, max-length keys)
+    "reward_model.enable": ("reward_model.model.path", "custom_reward_function.path", ("reward_model.max_length",)),
+    "reward.reward_model.enable": ("reward.reward_model.model_path", "reward.custom_reward_function.path",
+                                   ("reward.reward_model.rollout.prompt_length",
+                                    "reward.reward_model.rollout.response_length")),
+}
+
+
+def _reward_model_enable(value, ctx):
+    path_key, function_key, _ = _RM_LAYOUTS[ctx.key]
+    if value is True and not ctx.has(path_key):
+        raise Unsupported(f"a reward model needs {path_key}")
+    if value is True and ctx.has(function_key):
+        raise Unsupported(f"with {function_key} verl's custom function calls the reward model itself through "
+                          f"verl's reward router (its GenRM), which is not here; declare the model as a judge in "
+                          f"reward.rewardModels (promptTemplate, parser) instead")
+    return SKIP
+
+
+def _reward_model_entry(enable_key: str):
+    def convert(value, ctx):
+        if ctx.flat.get(enable_key) is not True:
+            ctx.warn(f"ignored without {enable_key}=True")
+            return SKIP
+        entry: dict[str, Any] = {"name": "rm", "kind": "classifier", "path": str(value)}
+        lengths = [ctx.flat.get(k) for k in _RM_LAYOUTS[enable_key][2]]
+        if all(isinstance(n, int) and not isinstance(n, bool) for n in lengths):
+            entry["maxLength"] = sum(lengths)
+        return [entry]
+    return convert
+
+
+def _reward_function_09(value, ctx):
+    if not value:
+        return SKIP
+    name = ctx.flat.get("reward.custom_reward_function.name") or "compute_score"
+    return f"{value}:{name}"
+
+
 def _resume_from_path(value, ctx):
     if ctx.get("trainer.resume_mode") != "resume_path":
         ctx.warn("ignored, as verl ignores it without trainer.resume_mode=resume_path")
@@ -630,8 +672,30 @@ RULES: tuple[Rule, ...] = (
         _reward_function),
     Check("custom_reward_function.name", "the function in custom_reward_function.path (default compute_score)",
           _reward_name),
-    Refuse("reward_model.enable", "model-based rewards (a reward model) are not supported; use a rule or a "
-           "custom_reward_function", ok=(False, None)),
+    Check("reward_model.enable", "a reward model (with reward_model.model.path): reward.rewardModels",
+          _reward_model_enable),
+    Map("reward_model.model.path", "reward.rewardModels", "one classifier (a discriminative RM), its score the "
+        "reward (combine: replace, as verl)", _reward_model_entry("reward_model.enable")),
+    Map("reward_model.max_length", "reward.rewardModels", "the classifier's maxLength (read with "
+        "reward_model.model.path)", lambda value, ctx: SKIP),
+    Check("reward.reward_model.enable", "verl 0.9's reward model (with reward.reward_model.model_path): "
+          "reward.rewardModels", _reward_model_enable),
+    Map("reward.reward_model.model_path", "reward.rewardModels", "one classifier, maxLength = rollout.prompt_length "
+        "+ rollout.response_length when both are given", _reward_model_entry("reward.reward_model.enable")),
+    Ignore("reward.reward_model.*", "the reward model's serving knobs (its engine, GPUs and memory are "
+           "reward.rewardModels[].gpus, replicas, template)"),
+    Map("reward.num_workers", "reward.workers", "reward worker processes per rollout server"),
+    Map("reward.custom_reward_function.path", "reward.function", "verl 0.9's custom_reward_function",
+        _reward_function_09),
+    Check("reward.custom_reward_function.name", "the function in reward.custom_reward_function.path",
+          lambda value, ctx: SKIP),
+    Refuse("reward.reward_manager.name", "per-sample managers only (naive, dapo, prime)",
+           ok=("naive", "dapo", "prime", None)),
+    Refuse("reward.reward_manager.module.path", "custom reward managers are not supported; use "
+           "reward.custom_reward_function", ok=(None,)),
+    Ignore("reward.reward_manager.*", "reward manager plumbing; scoring is per sample, with verl's compute_score "
+           "signature"),
+    Refuse("reward.*", "a verl 0.9 reward setting this translator can't honour", ok=(None, False, {}, [])),
     Refuse("reward_model.reward_manager", "per-sample managers only (naive, dapo, prime)",
            ok=("naive", "dapo", "prime", None)),
     Refuse("reward_manager.name", "per-sample managers only (naive, dapo, prime)",
@@ -651,7 +715,8 @@ RULES: tuple[Rule, ...] = (
     Ignore("reward_model.overlong_buffer.log", "overlong-reward logging is not a setting here"),
     Ignore("reward_model.reward_kwargs.overlong_buffer_cfg.log", "overlong-reward logging is not a setting here"),
     Refuse("reward_model.sandbox_fusion.url", "code-execution sandboxes are not supported", ok=(None,)),
-    Ignore("reward_model.*", "reward-model settings; model-based rewards are off"),
+    Ignore("reward_model.*", "reward-model serving knobs (micro batches, offload, strategy): the reward server "
+           "batches by tokens"),
     # critic (used with adv_estimator=gae only, as in verl)
     Check("critic.enable", "null: a critic exactly with gae; false with gae is an error", _critic_enable),
     Refuse("critic.strategy", "the critic is FSDP2 only (no Megatron)", ok=("fsdp", "fsdp2", None)),

@@ -18,6 +18,7 @@ PROMPT_SCHEMA = pa.schema([
     ("data_source", pa.string()),
     ("ground_truth", pa.string()),
     ("extra_info", pa.string()),        # JSON
+    ("raw_prompt", pa.string()),        # JSON: the prompt's chat messages, for reward models' own templates
 ])
 
 ROLLOUT_SCHEMA = pa.schema([

@@ -217,6 +217,64 @@ class OverlongBuffer(_Model):
     """Penalty at maxResponseLength."""
 
 
+class RewardModelSpec(_Model):
+    """A reward model served beside the job (`grpo reward`): its own pods (or local processes under
+    `grpo run`), called by the rollout servers after generation. Each (prompt, response) is rendered
+    again with the reward model's own tokenizer and chat template: the policy's tokens are not its."""
+
+    name: str = Field(pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", max_length=40)
+    """Unique among the job's reward models; names its Deployment (<job>-rm-<name>), metrics and the `rm/<name>` score in reward_extra."""
+    kind: Literal["classifier", "judge"] = "classifier"
+    """classifier: a sequence-classification head scores the conversation (Skywork-Reward and most open RMs; verl's discriminative RM). judge: an LLM answers promptTemplate greedily and `parser` reads its score (verl's generative RM)."""
+    path: str = Field(min_length=1)
+    """Local folder (or mounted path) of the reward model (verl: reward_model.model.path)."""
+    tokenizer_path: str | None = None
+    """Its tokenizer when it differs from `path`."""
+    dtype: DType = DType.bfloat16
+    """Compute dtype on GPU; on CPU the model runs in float32."""
+    trust_remote_code: bool = False
+    """Allow model code from the model's folder."""
+    max_length: int = Field(default=4096, ge=8)
+    """Most tokens of a rendered (prompt, response) the model sees; longer ones are cut from the left (the response's end is kept) (verl: reward_model.max_length)."""
+    weight: float = Field(default=1.0, ge=0.0)
+    """Factor of this model's score in the combined reward (reward.combine)."""
+    replicas: int = Field(default=1, ge=1)
+    """Reward servers of this model; a batch whose server fails goes to another one."""
+    gpus: int = Field(default=1, ge=0)
+    """GPUs per reward server (0: CPU)."""
+    timeout_seconds: float = Field(default=120.0, gt=0)
+    """Limit of one scoring call; a server that overruns it is treated as failed and the batch goes to another replica."""
+    max_tokens_per_batch: int = Field(default=16384, ge=1)
+    """Classifier: padded tokens per forward pass (batched by tokens, longest first)."""
+    engine: Literal["vllm", "hf"] = "vllm"
+    """Judge: the generation engine (vllm on GPU, hf on CPU)."""
+    prompt_template: str | None = None
+    """Judge (required): the user message, with {prompt}, {response} and {ground_truth} filled in; rendered with the judge's chat template."""
+    parser: Literal["tag", "yes_no"] = "tag"
+    """Judge: tag reads the number inside <scoreTag>...</scoreTag> (the last one); yes_no takes the probability of 'yes' from the first generated token (p(yes) when it is yes, 1 - p(no) when it is no)."""
+    score_tag: str = Field(default="score", pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
+    """Judge, parser tag: the tag around the score."""
+    max_new_tokens: int = Field(default=64, ge=1)
+    """Judge: most tokens it generates per answer (greedy)."""
+    gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0)
+    """Judge on vllm: fraction of the GPU's memory vLLM may take."""
+    template: dict[str, Any] | None = None
+    """Partial pod template merged into this model's pods (nodeSelector, tolerations, volumes, env...)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
+        "rule": "self.kind != 'judge' || (has(self.promptTemplate) && self.promptTemplate.contains('{response}'))",
+        "message": "promptTemplate is required for kind judge and must contain {response}"}]})
+
+    @model_validator(mode="after")
+    def _judge_needs_template(self) -> "RewardModelSpec":
+        if self.kind == "judge" and "{response}" not in (self.prompt_template or ""):
+            raise PydanticCustomError(
+                "reward_model", "promptTemplate: required for kind judge, and must contain {response} (the question "
+                "the judge answers, over {placeholders})",
+                {"response": "{response}", "placeholders": "{prompt}, {response} and {ground_truth}"})
+        return self
+
+
 class RewardSpec(_Model):
     function: str = Field(default="auto", pattern=r"^(auto|.+:[A-Za-z_][A-Za-z0-9_]*)$")
     """'auto' dispatches by data_source (openai/gsm8k, math datasets); or 'module:function', or 'path/to/file.py:function' (verl's custom_reward_function contract)."""
@@ -226,6 +284,13 @@ class RewardSpec(_Model):
     """Reward worker processes per rollout server."""
     overlong_buffer: OverlongBuffer = OverlongBuffer()
     """DAPO overlong shaping."""
+    reward_models: list[RewardModelSpec] = Field(default=[], max_length=16, json_schema_extra={
+        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
+    """Reward models served beside the job (classifiers and LLM judges); the rollout servers call them after generation."""
+    combine: Literal["replace", "sum", "weighted"] = "replace"
+    """How the reward models' scores and the rule's (reward.function) make the reward. replace (verl: with a reward model on, its score is the reward): the sum of weight x score over the models; sum: the rule's score plus that; weighted: (ruleWeight x rule + the sum of weight x score) / (ruleWeight + the sum of weights). Without reward models the rule's score is the reward. DAPO's overlong penalty is added after."""
+    rule_weight: float = Field(default=1.0, ge=0.0)
+    """The rule's weight under combine weighted."""
 
 
 class CriticSpec(_Model):
@@ -685,6 +750,19 @@ def _filter_groups_needs_groups(s: GRPOJobSpec) -> str | None:
     return None
 
 
+def _reward_model_names_unique(s: GRPOJobSpec) -> str | None:
+    names = [m.name for m in s.reward.reward_models]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    return f"names must be unique (twice: {', '.join(twice)})" if twice else None
+
+
+def _weighted_has_weight(s: GRPOJobSpec) -> str | None:
+    r = s.reward
+    if r.combine == "weighted" and r.reward_models and r.rule_weight == 0 and not any(m.weight for m in r.reward_models):
+        return "ruleWeight and every reward model's weight are 0: combine weighted divides by their sum"
+    return None
+
+
 def is_local_folder(path: str | None) -> bool:
     return path is not None and path.startswith(("/", "./", "../"))
 
@@ -774,6 +852,17 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         "(self.reward.overlongBuffer.len >= 1 && self.reward.overlongBuffer.len <= self.data.maxResponseLength)",
         "reward.overlongBuffer.len must be in 1..data.maxResponseLength when overlongBuffer.enable is true",
         _overlong_buffer_fits),
+    CrossFieldRule(
+        "reward.rewardModels",
+        "self.reward.rewardModels.all(a, self.reward.rewardModels.exists_one(b, b.name == a.name))",
+        "reward.rewardModels: names must be unique",
+        _reward_model_names_unique),
+    CrossFieldRule(
+        "reward.ruleWeight",
+        "self.reward.combine != 'weighted' || size(self.reward.rewardModels) == 0 || "
+        "self.reward.ruleWeight > 0.0 || self.reward.rewardModels.exists(m, m.weight > 0.0)",
+        "reward.ruleWeight and the reward models' weights must not all be 0 with combine weighted",
+        _weighted_has_weight),
     CrossFieldRule(
         "algorithm.filterGroups",
         "!self.algorithm.filterGroups || self.rollout.n >= 2",

@@ -16,6 +16,12 @@ def rollout(argv: list[str]) -> int:
     return main(argv)
 
 
+def reward(argv: list[str]) -> int:
+    """Serve one of a job's reward models (spec.reward.rewardModels) to its rollout servers."""
+    from grpo_rollout.reward_server import main
+    return main(argv)
+
+
 def model(argv: list[str]) -> int:
     """Fetch a job's model into a cache folder, or write a tiny random-weight model (tests, quickstart)."""
     parser = argparse.ArgumentParser(prog="grpo model", description="Models: fetch a job's model into a cache "

@@ -52,6 +52,14 @@ class RolloutMetrics:
         self._sync_seconds = histogram("weight_sync_seconds", "Duration of a complete weight update.", ("backend",))
         self._sync_bytes = counter("weight_sync_bytes", "Weight bytes received and loaded.", ("backend",))
         self._sync_rejected = counter("weight_sync_rejected_buckets", "Buckets refused (bad checksum or size) and asked again.")
+        # Reward models (issue 31): per model, the scoring calls' latency and batch size, and the
+        # calls a replica failed (each retried on another replica, or failing the Generate call).
+        self._rm_seconds = histogram("reward_model_seconds", "Time one reward-model call took to score a batch.",
+                                     ("model",))
+        self._rm_batch = Histogram("grpo_rollout_reward_model_batch_size", "Samples per reward-model call.",
+                                   labels + ("model",), buckets=(1, 4, 16, 64, 256, 1024, 4096), registry=self.registry)
+        self._rm_errors = counter("reward_model_errors", "Reward-model calls that failed, by model and gRPC code.",
+                                  ("model", "code"))
         # Series known in advance start at 0 (so rate() is 0, not "no data", until the first one).
         for kind in ERROR_KINDS:
             self._l(self._reward_errors, kind=kind)
@@ -69,6 +77,13 @@ class RolloutMetrics:
         self._l(self._reward_seconds).observe(seconds)
         for kind, n in errors_by_kind.items():
             self._l(self._reward_errors, kind=kind).inc(n)
+
+    def reward_model_scored(self, model: str, items: int, seconds: float) -> None:
+        self._l(self._rm_seconds, model=model).observe(seconds)
+        self._l(self._rm_batch, model=model).observe(items)
+
+    def reward_model_error(self, model: str, code: str) -> None:
+        self._l(self._rm_errors, model=model, code=code).inc()
 
     def request_done(self, outcome: str) -> None:
         self._l(self._requests, outcome=outcome).inc()

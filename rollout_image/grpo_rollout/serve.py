@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-id", default=None, help="name in logs, metrics and rollout rows (default: host name)")
     p.add_argument("--device", default="auto", help="hf engine device: auto, cpu, cuda, cuda:N (default auto)")
     p.add_argument("--grace", type=float, default=5.0, help="seconds running calls get to finish on SIGTERM")
+    p.add_argument("--reward-model", action="append", default=[], metavar="NAME=HOST:PORT[,HOST:PORT]",
+                   help="servers of a reward model of spec.reward.rewardModels (repeatable; default: "
+                        "$GRPO_REWARD_ADDRESSES, 'name=host:port,...;name2=...')")
     return p
 
 
@@ -120,15 +123,28 @@ def _start(args, job, spec, token, tls, worker_id, metrics, rewards, holder):
     check_local_model_path(model.path)
     if model.tokenizer_path:
         check_local_model_path(model.tokenizer_path, "spec.model.tokenizerPath")
+    reward_models = _reward_models(args, spec, token, metrics)
     engine = build_engine(spec, model, device=_device(args.device))
     try:
         worker = RolloutWorker(spec=spec, engine=engine, rewards=rewards, storage=Storage(spec.storage),
-                               worker_id=worker_id, metrics=metrics)
+                               worker_id=worker_id, metrics=metrics, reward_models=reward_models)
         holder["worker"] = worker
         return start_server(RolloutServicer(worker), token, host=args.host, port=args.port, tls=tls)
     except BaseException:
         engine.close()
         raise
+
+
+def _reward_models(args, spec, token, metrics):
+    """Clients of the job's reward servers (issue 31), None without reward models. They speak TLS
+    with the job's CA when GRPO_TLS_CA is set, as the trainer does to us."""
+    if not spec.reward.reward_models:
+        return None
+    from grpo_api.rpc import client_auth
+    from grpo_rollout.reward_client import ADDRESSES_ENV, RewardModels, parse_addresses
+    text = ";".join(args.reward_model) or os.environ.get(ADDRESSES_ENV, "")
+    auth = client_auth() if os.environ.get("GRPO_TLS_CA") else token
+    return RewardModels(spec.reward.reward_models, parse_addresses(text), auth, metrics)
 
 
 def build_engine(spec, model, *, device: str):

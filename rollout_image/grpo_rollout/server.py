@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 
 
 def _status_for(exc: Exception) -> grpc.StatusCode | None:
+    from grpo_rollout.reward_client import RewardModelUnavailable
+    if isinstance(exc, RewardModelUnavailable):   # the trainer waits and re-dispatches the shard
+        return grpc.StatusCode.UNAVAILABLE
     if isinstance(exc, WeightSyncConflict):
         return grpc.StatusCode.FAILED_PRECONDITION
     if isinstance(exc, FileNotFoundError):

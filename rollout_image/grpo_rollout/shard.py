@@ -20,9 +20,13 @@ class Prompt:
     data_source: str
     ground_truth: str
     extra_info: dict
+    messages: tuple = ()
+    """The prompt's chat messages (raw_prompt); empty in shards written without them."""
 
     @classmethod
     def rows(cls, table: pa.Table) -> list["Prompt"]:
+        if "raw_prompt" not in table.column_names:
+            table = table.append_column("raw_prompt", pa.nulls(len(table), pa.string()))
         table = table.select(PROMPT_SCHEMA.names).cast(PROMPT_SCHEMA)
         out = []
         for row in table.to_pylist():
@@ -32,8 +36,10 @@ class Prompt:
                 raise ValueError(f"prompt {row['uid']}: extra_info is not JSON") from None
             if not row["prompt_ids"]:
                 raise ValueError(f"prompt {row['uid']}: empty prompt_ids")
+            messages = json.loads(row["raw_prompt"]) if row["raw_prompt"] else []
             out.append(cls(row["uid"], row["prompt_index"], row["prompt_ids"], row["data_source"] or "",
-                           row["ground_truth"] or "", extra if isinstance(extra, dict) else {"value": extra}))
+                           row["ground_truth"] or "", extra if isinstance(extra, dict) else {"value": extra},
+                           tuple(messages) if isinstance(messages, list) else ()))
         return out
 
 

@@ -127,3 +127,32 @@ def build_tiny_model(out_dir: str | Path, arch: str = "qwen3", vocab: list[str] 
     for f in out.iterdir():
         f.chmod(f.stat().st_mode | 0o044)
     return out
+
+
+def build_tiny_reward_model(out_dir: str | Path, vocab: list[str] | None = None, seed: int = 1, **size) -> Path:
+    """A tiny random-init classifier reward model (Qwen3ForSequenceClassification, one label) and the
+    same word-level tokenizer and chat template: a random RM's score is a fixed, learnable function
+    of the text (tests, the reward-model quickstart)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForSequenceClassification
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(vocab)
+    ids = tokenizer.convert_tokens_to_ids
+    cfg = dict(DEFAULT_SIZE, max_position_embeddings=1024)
+    cfg.update(size)
+    config = Qwen3Config(vocab_size=len(tokenizer), pad_token_id=ids(PAD), bos_token_id=None,
+                         eos_token_id=ids(IM_END), dtype="float32", num_labels=1, **cfg)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3ForSequenceClassification(config)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    cfg_path = out / "tokenizer_config.json"
+    tok_cfg = json.loads(cfg_path.read_text())
+    tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg_path.write_text(json.dumps(tok_cfg, indent=2) + "\n")
+    for f in out.iterdir():
+        f.chmod(f.stat().st_mode | 0o044)
+    return out

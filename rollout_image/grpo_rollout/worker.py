@@ -91,10 +91,11 @@ def resolve_sampling(spec: GRPOJobSpec, job: GenerateJob) -> SamplingParams:
 
 class RolloutWorker:
     def __init__(self, *, spec: GRPOJobSpec, engine: Engine, rewards: RewardPool, storage: Storage,
-                 worker_id: str, metrics: RolloutMetrics):
+                 worker_id: str, metrics: RolloutMetrics, reward_models=None):
         self.spec = spec
         self.engine = engine
         self.rewards = rewards
+        self.reward_models = reward_models   # grpo_rollout.reward_client.RewardModels, or None
         self.storage = storage
         self.worker_id = worker_id
         self.metrics = metrics
@@ -134,7 +135,7 @@ class RolloutWorker:
         self.metrics.generated(samples, tokens, generate_seconds)
 
         started = time.monotonic()
-        scored, errors = self._score(prompts, groups, texts)
+        scored, errors = self._score(prompts, groups, texts, job.request_id)
         reward_seconds = time.monotonic() - started
         self.metrics.rewarded(reward_seconds, errors)
 
@@ -155,11 +156,12 @@ class RolloutWorker:
                                      f"the request expects {expected}")
         return health.policy_version
 
-    def _score(self, prompts: list[Prompt], groups, texts) -> tuple[list[list[Scored]], Counter]:
+    def _score(self, prompts: list[Prompt], groups, texts, request_id: str = "") -> tuple[list[list[Scored]], Counter]:
         requests = [RewardRequest(p.data_source, text, p.ground_truth, reward_extra_info(p.extra_info, sample))
                     for p, group, group_texts in zip(prompts, groups, texts)
                     for sample, text in zip(group, group_texts)]
         results = iter(self.rewards.score(requests))
+        model_scores = iter(self._score_with_models(prompts, texts, request_id))
         shaping = self.spec.reward.overlong_buffer
         errors: Counter = Counter()
         scored = []
@@ -171,6 +173,8 @@ class RolloutWorker:
                 reward = r.score
                 if r.error:
                     errors[r.error] += 1
+                if self.reward_models is not None:     # issue 31: reward models, combined with the rule
+                    reward = self._combine(r.score, next(model_scores), extra)
                 if shaping.enable:
                     penalty = overlong_penalty(len(sample.token_ids), self.spec.data.max_response_length,
                                                shaping.len, shaping.penalty_factor)
@@ -179,4 +183,26 @@ class RolloutWorker:
                 out.append(Scored(sample, reward, extra))
             scored.append(out)
         return scored, errors
+
+    def _score_with_models(self, prompts: list[Prompt], texts, request_id: str) -> list[dict]:
+        """Each sample's {model name: score} from the reward servers (a RewardModelUnavailable fails
+        the call, and the trainer re-dispatches the shard); [] without reward models."""
+        if self.reward_models is None:
+            return []
+        from grpo_rollout.reward_client import ScoreItem
+        items = []
+        for p, group_texts in zip(prompts, texts):
+            # A shard without raw_prompt: the policy's own rendering, decoded, as one user message.
+            messages = list(p.messages) or [{"role": "user", "content": self.engine.decode(p.prompt_ids)}]
+            items.extend(ScoreItem(messages, text, p.ground_truth) for text in group_texts)
+        return self.reward_models.score(request_id, items)
+
+    def _combine(self, rule: float, scores: dict, extra: dict) -> float:
+        from grpo_rollout.rewards.combine import combine_rewards
+        extra["rule_score"] = rule
+        for name, s in scores.items():
+            extra[f"rm/{name}"] = s.score
+            if s.judge_output or not s.parsed:
+                extra[f"rm/{name}/parsed"] = s.parsed
+        return combine_rewards(rule, {name: s.score for name, s in scores.items()}, self.spec.reward)
 

@@ -65,6 +65,7 @@ def prompt_table(rows: list[dict]) -> pa.Table:
         cols["data_source"].append(row.get("data_source", "openai/gsm8k"))
         cols["ground_truth"].append(row.get("ground_truth", "7"))
         cols["extra_info"].append(json.dumps(row.get("extra_info", {})))
+        cols["raw_prompt"].append(row.get("raw_prompt"))
     return pa.Table.from_pydict(cols, schema=PROMPT_SCHEMA)
 
 

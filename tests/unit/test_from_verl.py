@@ -380,8 +380,7 @@ def test_keys_with_no_meaning_here_are_warnings(monkeypatch, capsys):
     ("algorithm.adv_estimator=gae critic.optim.lr_warmup_steps_ratio=0.1", "set critic.optim.lr_warmup_steps=N"),
     ("actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.name='sglang': SGLang rollout is not "
                                                "supported; use vllm"),
-    ("reward_model.enable=True reward_model.model.path=Skywork/RM", "reward_model.enable=True: model-based "
-                                                                    "rewards (a reward model) are not supported"),
+    ("reward_model.enable=True", "reward_model.enable=True: a reward model needs reward_model.model.path"),
     ("algorithm.use_kl_in_reward=True algorithm.kl_penalty=full", "algorithm.kl_penalty='full': the "
                                                                    "full-vocabulary KL is not supported"),
     ("algorithm.adv_estimator=gae critic.model.lora_rank=8", "critic.model.lora_rank=8: LoRA for the critic is "

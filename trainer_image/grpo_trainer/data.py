@@ -34,6 +34,7 @@ class PromptRow:
     data_source: str
     ground_truth: str
     extra_info: str           # JSON
+    raw_prompt: str = "[]"    # JSON: the chat messages (reward models render them with their own template)
 
 
 @dataclass
@@ -87,7 +88,8 @@ def load_prompts(files: list[str], spec: DataSpec, tokenizer, storage: Storage) 
                         f"or data.truncation left/right)")
                 ids = ids[-spec.max_prompt_length:] if spec.truncation == "left" else ids[:spec.max_prompt_length]
             rows.append(PromptRow(len(rows), ids, rec["data_source"] or "", _ground_truth(rec["reward_model"]),
-                                  json.dumps(rec.get("extra_info") or {}, default=str)))
+                                  json.dumps(rec.get("extra_info") or {}, default=str),
+                                  json.dumps(messages, default=str)))
     if not rows:
         raise DataError(f"{', '.join(files)}: no usable prompts (empty files, or all filtered as overlong)")
     return PromptDataset(rows, filtered)
@@ -159,5 +161,6 @@ def prompt_shard_table(rows: list[PromptRow], epoch: int, first_index: int = 0) 
     from grpo_api.records import PROMPT_SCHEMA
     return pa.Table.from_pylist([
         {"uid": f"{epoch}-{r.index}", "prompt_index": first_index + i, "prompt_ids": r.prompt_ids,
-         "data_source": r.data_source, "ground_truth": r.ground_truth, "extra_info": r.extra_info}
+         "data_source": r.data_source, "ground_truth": r.ground_truth, "extra_info": r.extra_info,
+         "raw_prompt": r.raw_prompt}
         for i, r in enumerate(rows)], schema=PROMPT_SCHEMA)

@@ -1,0 +1,143 @@
+"""A rollout server's side of the reward models (`grpo reward`): score the samples of one
+Generate request with every model of spec.reward.rewardModels.
+
+A replica that fails or overruns the model's timeoutSeconds has the batch sent to the next one;
+the failed call's answer, should it come, is never read. When no replica answers within
+timeoutSeconds (waiting a moment between rounds, so one being restarted can come back) the
+Generate call fails with UNAVAILABLE and the trainer re-dispatches the shard: each sample in a
+rollout shard is scored exactly once, by one replica.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from grpo_api.proto import reward_pb2 as pb
+from grpo_api.proto import reward_pb2_grpc as pb_grpc
+from grpo_api.rpc import ClientAuth, rollout_channel
+from grpo_api.spec import RewardModelSpec
+
+log = logging.getLogger(__name__)
+
+ADDRESSES_ENV = "GRPO_REWARD_ADDRESSES"
+"""`name=host:port,host:port;name2=...`: where each reward model's servers listen."""
+
+
+class RewardModelUnavailable(RuntimeError):
+    """No replica of a reward model scored the batch: the Generate call fails (UNAVAILABLE)."""
+
+
+def parse_addresses(text: str) -> dict[str, list[str]]:
+    """`name=a,b;other=c` -> {name: [a, b], other: [c]}."""
+    out: dict[str, list[str]] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        name, sep, addrs = part.partition("=")
+        if not sep or not name.strip() or not addrs.strip():
+            raise ValueError(f"reward model addresses {part!r}: expected name=host:port[,host:port...]")
+        out.setdefault(name.strip(), []).extend(a.strip() for a in addrs.split(",") if a.strip())
+    return out
+
+
+@dataclass(frozen=True)
+class ScoreItem:
+    messages: list[dict]
+    response: str
+    ground_truth: str
+
+
+def _request(request_id: str, items: Sequence[ScoreItem]) -> pb.ScoreRequest:
+    return pb.ScoreRequest(request_id=request_id, items=[
+        pb.ScoreItem(prompt_messages=[pb.ChatMessage(role=str(m.get("role", "user")), content=str(m.get("content", "")))
+                                      for m in it.messages],
+                     response=it.response, ground_truth=it.ground_truth) for it in items])
+
+
+class RewardModelClient:
+    """One reward model's replicas, tried in turn (round robin across calls)."""
+
+    def __init__(self, spec: RewardModelSpec, addresses: list[str], auth: ClientAuth | str, metrics=None,
+                 retry_pause: float = 1.0):
+        if not addresses:
+            raise ValueError(f"reward model {spec.name}: no server address")
+        self.spec, self.addresses, self._auth, self.metrics = spec, list(addresses), auth, metrics
+        self._channels: dict[str, grpc.Channel] = {}
+        self._next = itertools.count()
+        self._pause = retry_pause
+
+    def _stub(self, address: str) -> pb_grpc.RewardStub:
+        if address not in self._channels:
+            self._channels[address] = rollout_channel(address, self._auth)
+        return pb_grpc.RewardStub(self._channels[address])
+
+    def _forget(self, address: str) -> None:
+        channel = self._channels.pop(address, None)
+        if channel is not None:
+            channel.close()
+
+    def score(self, request_id: str, items: Sequence[ScoreItem]) -> list[pb.ItemScore]:
+        request = _request(request_id, items)
+        deadline = time.monotonic() + self.spec.timeout_seconds
+        start = next(self._next)
+        errors = []
+        for attempt in itertools.count():
+            address = self.addresses[(start + attempt) % len(self.addresses)]
+            started = time.monotonic()
+            try:
+                reply = self._stub(address).Score(request, timeout=self.spec.timeout_seconds)
+            except grpc.RpcError as exc:
+                errors.append(f"{address}: {exc.code().name} {exc.details()}")
+                log.warning("reward model %s on %s failed (%s): %s; trying the next replica", self.spec.name, address,
+                            exc.code().name, exc.details())
+                if self.metrics:
+                    self.metrics.reward_model_error(self.spec.name, exc.code().name)
+                self._forget(address)
+                if time.monotonic() >= deadline:
+                    raise RewardModelUnavailable(
+                        f"reward model {self.spec.name}: no replica scored the batch within "
+                        f"{self.spec.timeout_seconds:g}s (spec.reward.rewardModels[].timeoutSeconds); "
+                        f"last errors: {'; '.join(errors[-len(self.addresses):])}") from None
+                if (attempt + 1) % len(self.addresses) == 0:      # a whole round failed: let one come back
+                    time.sleep(self._pause)
+                continue
+            if len(reply.scores) != len(items):
+                raise RewardModelUnavailable(f"reward model {self.spec.name} on {address}: {len(reply.scores)} "
+                                             f"scores for {len(items)} items")
+            if self.metrics:
+                self.metrics.reward_model_scored(self.spec.name, len(items), time.monotonic() - started)
+            return list(reply.scores)
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        for address in list(self._channels):
+            self._forget(address)
+
+
+class RewardModels:
+    """Every reward model of the job; `score` gives, per item, {name: ItemScore}."""
+
+    def __init__(self, specs: Sequence[RewardModelSpec], addresses: Mapping[str, list[str]], auth, metrics=None):
+        missing = [m.name for m in specs if not addresses.get(m.name)]
+        if missing:
+            raise ValueError(f"spec.reward.rewardModels: no server address for {', '.join(missing)} (pass "
+                             f"--reward-model NAME=HOST:PORT or set {ADDRESSES_ENV})")
+        unknown = sorted(set(addresses) - {m.name for m in specs})
+        if unknown:
+            raise ValueError(f"reward model addresses for {', '.join(unknown)}: not in spec.reward.rewardModels")
+        self.clients = [RewardModelClient(m, addresses[m.name], auth, metrics) for m in specs]
+
+    def score(self, request_id: str, items: Sequence[ScoreItem]) -> list[dict[str, pb.ItemScore]]:
+        out: list[dict[str, pb.ItemScore]] = [{} for _ in items]
+        for client in self.clients:
+            for row, s in zip(out, client.score(request_id, items)):
+                row[client.spec.name] = s
+        return out
+
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()
