@@ -297,7 +297,11 @@ PPO = {"algorithm": {"advEstimator": "gae", "lam": 0.95, "useKLInReward": True,
        "critic": {"lr": 1e-3, "lrWarmupSteps": 4}}
 
 
-@pytest.mark.parametrize("sections", [{}, PPO], ids=["grpo", "ppo"])
+# LoRA: the adapters and their optimizer state are the checkpoint; the base comes from model.path.
+LORA = {"lora": {"rank": 4, "alpha": 8, "dropout": 0.1}}   # dropout: the RNG state matters too
+
+
+@pytest.mark.parametrize("sections", [{}, PPO, LORA], ids=["grpo", "ppo", "lora"])
 def test_resume_equivalence(tmp_path, tiny_model, quickstart_data, dense_reward, sections):
     import torch
     data = tmp_path / "train-12.parquet"          # 12 prompts: 3 batches of 4 per epoch
@@ -323,7 +327,7 @@ def test_resume_equivalence(tmp_path, tiny_model, quickstart_data, dense_reward,
     for ra, rb in zip(ma, mb):
         assert ra["critic/score/mean"] == pytest.approx(rb["critic/score/mean"]), ra["step"]
         assert ra["actor/pg_loss"] == pytest.approx(rb["actor/pg_loss"], rel=1e-4, abs=1e-6), ra["step"]
-    if sections:
+    if "critic" in sections:
         # a critic started afresh at step 3 (a new value head) would value and learn differently
         assert [r["critic/lr"] for r in mb] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
         coefficients = [r["actor/reward_kl_penalty_coeff"] for r in mb]

@@ -115,8 +115,10 @@ def save(uri: str, *, parts: dict, trainer_state: dict, storage: Storage,
     staging = tempfile.mkdtemp(prefix="grpo-ckpt-")
     try:
         dcp.save(_dcp_state(parts), checkpoint_id=staging)
+        # Every rank's generator: each draws its own dropout masks (LoRA's dropout) from it.
+        by_rank = all_gather_json(torch.get_rng_state().tolist(), device)
         if rank == 0:
-            rng = {"torch": torch.get_rng_state().tolist()}
+            rng = {"torch": by_rank[0], "torch_by_rank": by_rank}
             schedulers = {_keys(part)[2]: scheduler.state_dict() for part, (_, _, scheduler) in parts.items()}
             extras = {**trainer_state, **schedulers, "rng": rng}
             with open(os.path.join(staging, TRAINER_STATE), "w") as f:
@@ -204,7 +206,10 @@ def load(uri: str, *, parts: dict, storage: Storage, key: bytes, device: torch.d
             scheduler.load_state_dict(extras[scheduler_key])
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    torch.set_rng_state(torch.tensor(extras["rng"]["torch"], dtype=torch.uint8))
+    # This rank's generator; rank 0's where the checkpoint has none for it (older, or fewer ranks).
+    by_rank = extras["rng"].get("torch_by_rank", [])
+    mine = by_rank[dist.get_rank()] if dist.get_rank() < len(by_rank) else extras["rng"]["torch"]
+    torch.set_rng_state(torch.tensor(mine, dtype=torch.uint8))
     return extras
 
 
