@@ -123,6 +123,11 @@ def _break(case: str, tmp: Path, train: Path) -> tuple[dict, list[str]]:
         return {"data": {"trainFiles": [str(bad)], "truncation": "error", "filterOverlongPrompts": False}}, []
     if case == "model-path-missing":
         return {"model": {"path": str(tmp / "no-model")}}, []
+    if case == "lora-target-modules-name-no-layer":
+        return {"model": {"lora": {"rank": 8, "targetModules": ["q_proj", "qkv_proj"]}}}, []
+    if case == "lora-adapter-path-not-an-adapter":
+        (tmp / "adapter").mkdir()
+        return {"model": {"lora": {"adapterPath": str(tmp / "adapter")}}}, []
     if case == "resume-from-an-incomplete-checkpoint":
         (tmp / "runs" / "default" / "bad" / "checkpoints" / "step-3").mkdir(parents=True)   # DCP files, no manifest
         return {"storage": {"uri": f"file://{tmp}/runs"},
@@ -150,6 +155,12 @@ MESSAGES = {
     "validation-set-missing": "error: {tmp}/val.parquet: dataset file not found",
     "prompt-overlong-truncation-error": "error: {tmp}/t.parquet: row 5 has a ",
     "model-path-missing": "error: spec.model.path: '{tmp}/no-model' does not exist",
+    "lora-target-modules-name-no-layer": "error: spec.model.lora.targetModules: 'qkv_proj' names no linear layer of "
+                                         "Qwen3ForCausalLM (its linear layers: down_proj, gate_proj, k_proj, lm_head, "
+                                         "o_proj, q_proj, up_proj, v_proj; or all-linear)",
+    "lora-adapter-path-not-an-adapter": "error: spec.model.lora.adapterPath: {tmp}/adapter/adapter_config.json not "
+                                        "found (a PEFT adapter folder has adapter_config.json and "
+                                        "adapter_model.safetensors)",
     "resume-from-an-incomplete-checkpoint":
         "error: spec.resume: file://{tmp}/runs/default/bad/checkpoints/step-3 is not a complete checkpoint "
         "(no manifest.json)",
