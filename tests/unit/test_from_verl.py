@@ -529,6 +529,13 @@ def test_verls_lora_example_translates():
     assert not any("lora" in w for w in t.warnings), t.warnings
 
 
+def test_examples_lora_yaml_is_verls_lora_example():
+    example, verl = load_job(REPO / "examples" / "lora.yaml").spec, translated(VERL_LORA_EXAMPLE).job.spec
+    assert example.model.lora == verl.model.lora
+    assert (example.trainer.lr, example.rollout.n, example.algorithm.kl_loss_type) == \
+        (verl.trainer.lr, verl.rollout.n, verl.algorithm.kl_loss_type)
+
+
 @pytest.mark.parametrize("override, expected", [
     ("actor_rollout_ref.model.lora_rank=16 actor_rollout_ref.model.target_modules=[q_proj,v_proj]",
      {"rank": 16, "targetModules": ["q_proj", "v_proj"]}),

@@ -170,13 +170,17 @@ def build_policy(spec: ModelSpec, device: torch.device, *, compile: bool = False
         model.config.use_cache = False
         if spec.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    wrap = None
+    wrap, dtype = None, torch.float32
     if spec.lora is not None:   # adapters on the frozen model (grpo_trainer.lora)
         from grpo_trainer.lora import add_adapters
 
         def wrap(model):
             return add_adapters(model, spec)
-    model = _load_sharded(spec, device, dtype=torch.float32, prepare=prepare, wrap=wrap,
+        # The frozen base needs no float32 master copy: on GPU it stays in the compute dtype
+        # (half the memory); the adapters are float32 (PEFT upcasts them), FSDP2 needs only the
+        # trainable parameters to share a dtype.
+        dtype = _DTYPES[spec.dtype.value] if on_gpu else torch.float32
+    model = _load_sharded(spec, device, dtype=dtype, prepare=prepare, wrap=wrap,
                           shard=lambda m: apply_fsdp(m, compute_dtype=_DTYPES[spec.dtype.value], on_gpu=on_gpu))
     if compile and on_gpu:
         compile_layers(model)
