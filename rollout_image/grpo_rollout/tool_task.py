@@ -76,3 +76,14 @@ def write_dataset(out_dir: str | Path, n_train: int = 1024, n_val: int = 32, see
         pq.write_table(pa.Table.from_pylist(make_rows(n, split, seed)), path)
         paths.append(path)
     return paths[0], paths[1]
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """verl's GSM8K rule on the whole trajectory, counted only when the answer was looked up:
+    a guess without a successful `lookup` call scores 0 (the tool calls reach the reward
+    through extra_info, as verl's tool agent passes them). Without this rule a random policy
+    learns to guess faster than to look up (a right guess pays 1 in 10 at once)."""
+    from grpo_rollout.rewards.gsm8k import gsm8k_score
+    calls = (extra_info or {}).get("tool_calls") or []
+    looked_up = any(c.get("name") == "lookup" and not c.get("error") for c in calls)
+    return gsm8k_score(solution_str, ground_truth) if looked_up else 0.0

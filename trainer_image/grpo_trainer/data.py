@@ -87,6 +87,8 @@ def load_prompts(files: list[str], spec: DataSpec, tokenizer, storage: Storage) 
                         f"data.maxPromptLength={spec.max_prompt_length} (set data.filterOverlongPrompts "
                         f"or data.truncation left/right)")
                 ids = ids[-spec.max_prompt_length:] if spec.truncation == "left" else ids[:spec.max_prompt_length]
+            if rec.get("agent_name"):    # verl's tool-agent layout: the agent loop reads it from extra_info
+                rec["extra_info"] = {**(rec.get("extra_info") or {}), "agent_name": rec["agent_name"]}
             rows.append(PromptRow(len(rows), ids, rec["data_source"] or "", _ground_truth(rec["reward_model"]),
                                   json.dumps(rec.get("extra_info") or {}, default=str),
                                   json.dumps(messages, default=str)))
