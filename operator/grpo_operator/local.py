@@ -74,15 +74,19 @@ def resolve_builtin(job: GRPOJob) -> GRPOJob:
     model_path = _builtin_model(spec.model.path) if spec.model.path.startswith(BUILTIN) else spec.model.path
     train = [_builtin_data(f) for f in spec.data.train_files]
     val = [_builtin_data(f) for f in spec.data.val_files]
+    reward_models = [m.model_copy(update={"path": _builtin_model(m.path)}) if m.path.startswith(BUILTIN) else m
+                     for m in spec.reward.reward_models]     # builtin://tiny-qwen3-rm: a tiny classifier
     return job.model_copy(update={"spec": spec.model_copy(update={
         "model": spec.model.model_copy(update={"path": model_path}),
-        "data": spec.data.model_copy(update={"train_files": train, "val_files": val})})})
+        "data": spec.data.model_copy(update={"train_files": train, "val_files": val}),
+        "reward": spec.reward.model_copy(update={"reward_models": reward_models})})})
 
 
 def _builtin_model(uri: str) -> str:
     name = uri.removeprefix(BUILTIN)             # e.g. tiny-qwen3
     if not name.startswith("tiny-"):
-        raise ValueError(f"spec.model.path: unknown builtin model {uri!r} (known: builtin://tiny-qwen3)")
+        raise ValueError(f"spec.model.path: unknown builtin model {uri!r} (known: builtin://tiny-qwen3, "
+                         f"builtin://tiny-qwen3-rm)")
     out = CACHE / "builtin" / __version__ / name   # versioned: a new release rebuilds its assets
     if not (out / "config.json").exists():
         log.info("Building the tiny model %s (first use)...", out)
@@ -221,14 +225,17 @@ class LocalRun:
         self.spec_path.write_text(dump_job(job))
         self.client_auth, self.rollout_env, self.trainer_env = _run_secrets(self.root)
         self.rollout_ports = [free_port() for _ in range(job.spec.rollout.replicas)]
+        self.rewards = self._reward_servers()       # issue 31: before the rollout servers, which call them
         # Prometheus ports (--metrics): the trainer's, one per rollout server. Without it the trainer
         # serves none and each rollout server picks any free port (0), as before.
         self.trainer_metrics_port = free_port() if metrics else None
         self.rollout_metrics_ports = [free_port() if metrics else 0 for _ in self.rollout_ports]
         grpo = grpo_command()
+        reward_args = [arg for name, ports in self.reward_ports.items()
+                       for arg in ("--reward-model", f"{name}=" + ",".join(f"127.0.0.1:{p}" for p in ports))]
         self.rollouts = [
             Child(f"rollout-{i}", [*grpo, "rollout", "--spec", str(self.spec_path), "--port", str(port),
-                                   "--metrics-port", str(mport), "--worker-id", f"rollout-{i}"],
+                                   "--metrics-port", str(mport), "--worker-id", f"rollout-{i}", *reward_args],
                   self.logs / f"rollout-{i}.log")
             for i, (port, mport) in enumerate(zip(self.rollout_ports, self.rollout_metrics_ports))]
         addresses = ",".join(f"127.0.0.1:{p}" for p in self.rollout_ports)
@@ -239,6 +246,46 @@ class LocalRun:
             *(["--metrics-port", str(self.trainer_metrics_port)] if metrics else [])])
         if metrics:
             self._write_metrics_targets()
+
+    def _reward_servers(self) -> list[Child]:
+        """`replicas` reward servers per spec.reward.rewardModels entry, on loopback with the run's
+        token and certificate; the rollout servers reach them with the run's CA."""
+        from grpo_api import rpc
+        self.reward_ports: dict[str, list[int]] = {}
+        children = []
+        for m in self.job.spec.reward.reward_models:
+            self.reward_ports[m.name] = [free_port() for _ in range(m.replicas)]
+            children += [Child(f"reward-{m.name}-{r}", [*grpo_command(), "reward", "--spec", str(self.spec_path),
+                                                        "--model", m.name, "--port", str(port), "--metrics-port", "-1"],
+                               self.logs / f"reward-{m.name}-{r}.log")
+                         for r, port in enumerate(self.reward_ports[m.name])]
+        if children:
+            self.rollout_env = {**self.rollout_env, rpc.TLS_CA_ENV: self.trainer_env[rpc.TLS_CA_ENV],
+                                rpc.TLS_SERVER_NAME_ENV: "localhost"}
+        return children
+
+    def _wait_rewards_ready(self, timeout: float = 600.0) -> None:
+        from grpo_api.proto import reward_pb2 as pb
+        from grpo_api.proto import reward_pb2_grpc
+        from grpo_api.rpc import rollout_channel
+        deadline = time.monotonic() + timeout
+        ports = [p for ps in self.reward_ports.values() for p in ps]
+        for child, port in zip(self.rewards, ports):
+            channel = rollout_channel(f"127.0.0.1:{port}", self.client_auth)
+            stub = reward_pb2_grpc.RewardStub(channel)
+            while True:
+                if child.proc.poll() is not None:
+                    raise LaunchError(f"{child.name} exited with {child.proc.returncode}: "
+                                      f"{_last_line(child.log_path)} (full log: {child.log_path})")
+                try:
+                    if stub.Health(pb.RewardHealthRequest(), timeout=2).ready:
+                        break
+                except Exception:  # noqa: BLE001 - not listening yet
+                    pass
+                if time.monotonic() > deadline:
+                    raise LaunchError(f"{child.name} not ready after {timeout:.0f}s; see {child.log_path}")
+                time.sleep(0.5)
+            channel.close()
 
     def _write_metrics_targets(self) -> None:
         """`<run>/metrics-targets.json`: Prometheus file_sd targets of the run's /metrics endpoints."""
@@ -281,6 +328,9 @@ class LocalRun:
             log.info("Run directory: %s", self.root)
             log.info("Launching %d rollout server(s) (%s engine, n=%d per prompt)...", len(self.rollouts),
                      self.job.spec.rollout.engine, self.job.spec.rollout.n)
+            for child in self.rewards:
+                child.start(self.rollout_env)
+            self._wait_rewards_ready()
             for child in self.rollouts:
                 child.start(self.rollout_env)
             self._wait_ready()
@@ -301,7 +351,7 @@ class LocalRun:
                 if code:
                     log.error("Trainer exited with code %d", code)
                 return code
-            for child in self.rollouts:
+            for child in [*self.rewards, *self.rollouts]:
                 if child.proc.poll() is not None:
                     if child.restarts >= MAX_ROLLOUT_RESTARTS:
                         log.error("%s died %d times; stopping the run (see %s)", child.name, child.restarts,
@@ -314,7 +364,7 @@ class LocalRun:
             time.sleep(0.5)
 
     def stop_all(self) -> None:
-        for child in [self.trainer, *self.rollouts]:
+        for child in [self.trainer, *self.rollouts, *self.rewards]:
             child.stop()
 
 

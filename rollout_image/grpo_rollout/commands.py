@@ -40,14 +40,18 @@ def model(argv: list[str]) -> int:
                                       "word-level tokenizer (the quickstart's vocabulary), loadable "
                                       "offline with AutoModelForCausalLM/AutoTokenizer.from_pretrained.")
     tiny.add_argument("--out", required=True, help="output directory")
-    tiny.add_argument("--arch", default="qwen3", choices=["qwen3"], help="architecture (default: qwen3)")
+    tiny.add_argument("--arch", default="qwen3", choices=["qwen3", "qwen3-rm"],
+                      help="architecture (default: qwen3); qwen3-rm: a one-label sequence classifier (a reward model)")
     tiny.add_argument("--seed", type=int, default=0, help="weight init seed (default: 0)")
     args = parser.parse_args(argv)
     if args.action == "fetch":
         return _fetch(args.spec, args.cache)
 
-    from grpo_rollout.tiny import build_tiny_model  # imports torch/transformers when called
-    out = build_tiny_model(args.out, arch=args.arch, seed=args.seed)
+    from grpo_rollout.tiny import build_tiny_model, build_tiny_reward_model  # imports torch when called
+    if args.arch == "qwen3-rm":
+        out = build_tiny_reward_model(args.out, seed=args.seed)
+    else:
+        out = build_tiny_model(args.out, arch=args.arch, seed=args.seed)
     print(f"wrote a tiny {args.arch} model (seed {args.seed}) to {out}")
     return 0
 

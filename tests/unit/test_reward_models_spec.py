@@ -138,3 +138,10 @@ def test_verl_reward_features_that_cant_be_honoured_are_errors(args, error):
 def test_reward_model_off_is_quiet():
     t = _translate("reward.reward_model.enable=False reward_model.enable=False")
     assert not t.errors and not t.job.spec.reward.reward_models
+
+
+def test_kubernetes_refuses_reward_models_until_the_operator_serves_them():
+    from grpo_api.spec import KUBERNETES_RULES
+    spec = parse_job(job({"rewardModels": [{"name": "rm", "path": "/rm"}]})).spec
+    errors = [e for rule in KUBERNETES_RULES if (e := rule.check(spec))]
+    assert any(e.startswith("spec.reward.rewardModels: reward servers are started by `grpo run` only") for e in errors)
