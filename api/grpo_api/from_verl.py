@@ -790,7 +790,7 @@ RULES: tuple[Rule, ...] = (
     Map("trainer.critic_warmup", "trainer.criticWarmup", "N here = verl's N - 1 (verl's step count starts at "
         "1)", _critic_warmup),
     Refuse("trainer.val_only", "validation-only runs are not supported", ok=(False, None)),
-    Ignore("trainer.default_local_dir", "checkpoints go under spec.storage.uri/<namespace>/<job>/checkpoints"),
+    Ignore("trainer.default_local_dir", "checkpoints go under the job's run (status.runUri)/checkpoints"),
     Ignore("trainer.default_hdfs_dir", "checkpoints go under spec.storage.uri (file:// or s3://)"),
     Ignore("trainer.balance_batch", "micro-batches are formed from length-sorted samples here"),
     Ignore("trainer.max_critic_ckpt_to_keep", "the critic is in the job's checkpoints (trainer.keepCheckpoints)"),

@@ -47,8 +47,9 @@ ROLLOUT_OPTIONAL = ("response_mask", "num_turns", "agent")
 
 @dataclass(frozen=True)
 class RunLayout:
-    """Where a job's files live under its root URI (`<storage.uri>/<namespace>/<job>` on
-    Kubernetes, `file://<abs>/outputs/<project>/<experiment>` locally)."""
+    """Where a job's files live under its root URI (grpo_api.storage.job_root:
+    `<storage.uri>/<namespace>/<job>/<uid>` on Kubernetes, `file://<abs>/outputs/<project>/<experiment>`
+    locally)."""
 
     root: str
 

@@ -480,7 +480,7 @@ class TrainerSpec(_Model):
 
 class StorageSpec(_Model):
     uri: str | None = Field(default=None, pattern=r"^(file|s3)://.+")
-    """Where prompts, rollouts, checkpoints and progress go (file:// or s3://); the job's files live under <uri>/<namespace>/<job>/. Local default: file://./outputs/<project>/<experiment>."""
+    """Where prompts, rollouts, checkpoints and progress go (file:// or s3://); the job's files live under <uri>/<namespace>/<job>/<uid>/ on Kubernetes (status.runUri), <uri>/<namespace>/<job>/ with `grpo run`. Local default: file://./outputs/<project>/<experiment>."""
     endpoint: str | None = Field(default=None, pattern=r"^https?://.+")
     """S3-compatible endpoint URL (leave empty for AWS)."""
     region: str | None = None
@@ -624,6 +624,9 @@ class GRPOJobStatus(_Model):
     """When the job finished."""
     observed_generation: int | None = None
     """The spec generation the status describes."""
+    run_uri: str | None = None
+    """Where this job's files are (checkpoints, rollouts, metrics, the exported model):
+    `<storage.uri>/<namespace>/<name>/<uid>`."""
 
 
 # A DNS label short enough for the children's names (`<name>-trainer-0`, the pods' hostnames) and
@@ -636,6 +639,9 @@ class ObjectMeta(BaseModel):
     model_config = ConfigDict(extra="allow")
     name: str = Field(default="grpojob", pattern=NAME_PATTERN, max_length=MAX_NAME_LENGTH)
     namespace: str = "default"
+    uid: str | None = None
+    """Set by Kubernetes. A job on Kubernetes keeps its files under its uid, so a job deleted and
+    applied again under the same name starts a new run (grpo_api.storage.job_root)."""
 
 
 class GRPOJob(_Model):

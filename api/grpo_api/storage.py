@@ -345,7 +345,10 @@ def job_root(job: "GRPOJob", *, local: bool, cwd: str | Path | None = None) -> s
 
     Local runs without `spec.storage.uri` use `file://<abs cwd>/outputs/<project>/<experiment>`
     (verl's habit); otherwise `<storage.uri>/<namespace>/<name>`, so jobs sharing a bucket never
-    collide."""
+    collide, and on Kubernetes `.../<name>/<uid>`: a job deleted and applied again under the same
+    name is a new object with a new run (its status never shows the old one's progress, and the
+    old one's checkpoints, signed with a key deleted with it, are not its own). A local run of the
+    same file resumes where it stopped (no uid)."""
     uri = job.spec.storage.uri
     if uri is None:
         if not local:
@@ -358,4 +361,5 @@ def job_root(job: "GRPOJob", *, local: bool, cwd: str | Path | None = None) -> s
         path = uri[len("file://"):]
         # A relative file:// URI would mean different folders to processes with different cwds.
         uri = f"file://{(Path(cwd or os.getcwd()) / path).absolute()}" if not path.startswith("/") else uri
-    return f"{uri.rstrip('/')}/{job.metadata.namespace}/{job.metadata.name}"
+    root = f"{uri.rstrip('/')}/{job.metadata.namespace}/{job.metadata.name}"
+    return f"{root}/{job.metadata.uid}" if job.metadata.uid and not local else root

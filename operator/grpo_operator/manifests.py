@@ -54,7 +54,7 @@ BAD_INPUT_EXIT_CODE = 2
 
 def _meta(job: GRPOJob, name: str, component: str) -> dict[str, Any]:
     m = job.metadata
-    uid = (m.model_extra or {}).get("uid")
+    uid = m.uid
     if not uid:
         raise ValueError(f"GRPOJob {m.namespace}/{m.name}: metadata.uid is needed for the owner reference")
     return names.metadata(m.name, m.namespace, uid, name, component)
@@ -63,9 +63,9 @@ def _meta(job: GRPOJob, name: str, component: str) -> dict[str, Any]:
 # --- configuration ---------------------------------------------------------------------------
 
 def pod_job(job: GRPOJob) -> GRPOJob:
-    """What the pods read: the spec with defaults filled in, named, without status or API
-    bookkeeping (uid, managedFields, ...)."""
-    meta = ObjectMeta(name=job.metadata.name, namespace=job.metadata.namespace)
+    """What the pods read: the spec with defaults filled in, named (the uid places the run's
+    files: grpo_api.storage.job_root), without status or API bookkeeping (managedFields, ...)."""
+    meta = ObjectMeta(name=job.metadata.name, namespace=job.metadata.namespace, uid=job.metadata.uid)
     return GRPOJob(metadata=meta, spec=job.spec)
 
 

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from grpo_api import signing
 from grpo_api.spec import API_GROUP, API_VERSION, KIND, GRPOJob, GRPOJobStatus
+from grpo_api.storage import job_root
 
 from grpo_operator import conditions, lifecycle, manifests, names, pods
 from grpo_operator.kube import Kube, KubeError
@@ -145,6 +146,8 @@ class Reconciler:
                 "or remove schedulingPolicy"]
         observed = self._observe(obj, job, old_status, read_progress, settings)
         decision = lifecycle.decide(job, errors, old_status, observed, self.clock())
+        if job is not None and job.spec.storage.uri:
+            decision.status = decision.status.model_copy(update={"run_uri": job_root(job, local=False)})
         self._write_status(obj, old_status, decision.status)
         self._act(obj, job, decision, settings)
         for event in decision.events:

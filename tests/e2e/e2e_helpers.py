@@ -144,6 +144,16 @@ def status(cluster: Cluster, ns: str, name: str) -> dict:
     return cluster.get("gj", name, "-n", ns).get("status") or {}
 
 
+def run_path(cluster: Cluster, ns: str, name: str) -> str:
+    """The job's run folder in the test bucket, `<bucket>/runs/<ns>/<name>/<uid>` (status.runUri:
+    each object has its own run)."""
+    obj = wait_for(f"{name}'s status.runUri", lambda: (o := cluster.get("gj", name, "-n", ns)).get("status", {})
+                   .get("runUri") and o, timeout=120, interval=1)
+    uri = obj["status"]["runUri"]
+    assert uri == f"s3://{S3_BUCKET}/runs/{ns}/{name}/{obj['metadata']['uid']}", uri
+    return uri[len("s3://"):]
+
+
 def pods(cluster: Cluster, ns: str, name: str, role: str) -> list[dict]:
     return cluster.get("pods", "-n", ns, "-l", f"{JOB_LABEL}={name},{ROLE_LABEL}={role}")["items"]
 
@@ -174,7 +184,7 @@ def wait_phase(cluster: Cluster, ns: str, name: str, phases: set[str], timeout: 
 
 def metrics(cluster: Cluster, ns: str, name: str) -> list[dict]:
     fs = cluster.s3()
-    with fs.open_input_stream(f"{S3_BUCKET}/runs/{ns}/{name}/metrics.jsonl") as f:
+    with fs.open_input_stream(f"{run_path(cluster, ns, name)}/metrics.jsonl") as f:
         return [json.loads(line) for line in f.read().decode().splitlines() if line.strip()]
 
 

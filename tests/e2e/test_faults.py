@@ -9,7 +9,7 @@ import pytest
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from .e2e_helpers import (S3_BUCKET, apply, describe, gj_row, make_assets, metrics, new_namespace, pods,
+from .e2e_helpers import (run_path, apply, describe, gj_row, make_assets, metrics, new_namespace, pods,
                           quickstart_job, status, wait_for, wait_phase)
 
 # The first test to use the cluster also pays for starting it, which includes importing new
@@ -33,7 +33,7 @@ def _wait_step(cluster, ns, name, step: int, timeout: float = 600) -> None:
 def _samples_per_step(cluster, ns, name) -> dict[int, int]:
     """Distinct (prompt_index, sample_index) pairs in each step's rollout shards."""
     fs = cluster.s3()
-    root = f"{S3_BUCKET}/runs/{ns}/{name}/rollouts"
+    root = f"{run_path(cluster, ns, name)}/rollouts"
     counts = {}
     for d in fs.get_file_info(pafs.FileSelector(root)):
         if d.type != pafs.FileType.Directory:
@@ -71,7 +71,7 @@ def test_killed_trainer_pod_is_restarted_and_resumes_from_the_checkpoint(cluster
     # storage: the status' step lags by up to a resync, and a kill after the last step would
     # leave nothing to resume.
     fs = cluster.s3()
-    manifest = f"{S3_BUCKET}/runs/{ns}/{name}/checkpoints/step-5/manifest.json"
+    manifest = f"{run_path(cluster, ns, name)}/checkpoints/step-5/manifest.json"
     wait_for("the step-5 checkpoint", lambda: fs.get_file_info(manifest).type == pafs.FileType.File,
              timeout=600, interval=1, diagnose=describe(cluster, ns, name))
     (victim,) = [p["metadata"]["name"] for p in pods(cluster, ns, name, "trainer")]
@@ -86,6 +86,32 @@ def test_killed_trainer_pod_is_restarted_and_resumes_from_the_checkpoint(cluster
     # The replacement resumed from a checkpoint the killed pod wrote, and trained the rest.
     assert resumed and 5 <= int(resumed.group(1)) < steps, logs[-3000:]
     assert max(r["step"] for r in metrics(cluster, ns, name) if "step" in r) == steps
+
+
+def test_a_job_deleted_mid_run_and_applied_again_runs_anew(cluster, models):
+    """Issue 36, bug 3: the same YAML applied again after a delete is a new object with its own
+    run (status.runUri ends in its uid): it trains from step 1 and never shows the old progress."""
+    ns, name, steps = new_namespace(cluster), "again", 4
+    job = quickstart_job(name, cluster, models, steps=steps + 20, testFreq=-1, valBeforeTrain=False, saveFreq=1)
+    apply(cluster, ns, job)
+    first_run = run_path(cluster, ns, name)
+    _wait_step(cluster, ns, name, 2)
+    cluster.kubectl("delete", "gj", name, "-n", ns, "--wait=true", "--timeout=300s")
+    apply(cluster, ns, quickstart_job(name, cluster, models, steps=steps, testFreq=-1, valBeforeTrain=False))
+    second_run = run_path(cluster, ns, name)
+    assert second_run != first_run
+    seen = []
+    def finished():
+        st = status(cluster, ns, name)
+        seen.append((st.get("progress") or {}).get("step"))
+        return st.get("phase") in ("Succeeded", "Failed")
+    wait_for(f"{name} (again) to finish", finished, timeout=900, interval=2, diagnose=describe(cluster, ns, name))
+    final = wait_phase(cluster, ns, name, {"Succeeded"}, timeout=60)
+    assert final["progress"]["step"] == steps and final["restarts"] == 0, final
+    assert all(s is None or s <= steps for s in seen), seen      # never the old object's step
+    assert [r["step"] for r in metrics(cluster, ns, name) if "training/step" in r] == list(range(1, steps + 1))
+    old = cluster.s3().get_file_info(f"{first_run}/progress.json")
+    assert old.type == pafs.FileType.File                         # the old run's files are kept
 
 
 def test_suspend_then_resume(cluster, models):

@@ -9,7 +9,7 @@ import base64
 
 import pytest
 
-from .e2e_helpers import (S3_BUCKET, S3_KEY, S3_SECRET, apply, make_assets, metrics, new_namespace, pods,
+from .e2e_helpers import (run_path, S3_KEY, S3_SECRET, apply, make_assets, metrics, new_namespace, pods,
                           quickstart_job, wait_phase)
 
 # The first test to use the cluster also pays for starting it, which includes importing new
@@ -61,7 +61,7 @@ def _final_checkpoint(cluster, ns: str, name: str) -> dict:
     key = signing.parse_key(base64.b64decode(secret["data"]["checkpoint-key"]).decode(), "checkpoint-key")
     storage = Storage(StorageSpec(endpoint=cluster.s3_endpoint, region="us-east-1"),
                       env={"AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET})
-    weights, state = load_full_state_dict(f"s3://{S3_BUCKET}/runs/{ns}/{name}/checkpoints/step-{STEPS}", storage, key)
+    weights, state = load_full_state_dict(f"s3://{run_path(cluster, ns, name)}/checkpoints/step-{STEPS}", storage, key)
     assert state["step"] == STEPS
     return weights
 
@@ -71,7 +71,7 @@ def _exported(cluster, ns: str, name: str) -> dict:
     from safetensors.torch import load
 
     fs = cluster.s3()
-    prefix = f"{S3_BUCKET}/runs/{ns}/{name}/hf/step-{STEPS}"
+    prefix = f"{run_path(cluster, ns, name)}/hf/step-{STEPS}"
     tensors = {}
     for f in fs.get_file_info(pafs.FileSelector(prefix)):
         if f.path.endswith(".safetensors"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pyarrow.fs as pafs
 import pytest
 
-from .e2e_helpers import (S3_BUCKET, apply, describe, make_assets, metrics, new_namespace, quickstart_job, status,
+from .e2e_helpers import (run_path, apply, describe, make_assets, metrics, new_namespace, quickstart_job, status,
                           wait_for, wait_phase)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -40,7 +40,7 @@ def test_a_ppo_job_trains_its_critic_and_keeps_the_best_checkpoint(cluster, oper
     assert row[header.index("BEST-STEP")] == str(best)
 
     # in S3: the last checkpoint and the best one (whatever keepCheckpoints says), and hf/best
-    fs, run = cluster.s3(), f"{S3_BUCKET}/runs/{ns}/{name}"
+    fs, run = cluster.s3(), run_path(cluster, ns, name)
     kept = {info.base_name for info in fs.get_file_info(pafs.FileSelector(f"{run}/checkpoints"))}
     assert kept == {f"step-{best}", f"step-{STEPS}"}, kept
     assert fs.get_file_info(f"{run}/hf/best/config.json").type == pafs.FileType.File

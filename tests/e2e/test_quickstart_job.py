@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .e2e_helpers import (S3_BUCKET, apply, describe, gj_row, make_assets, metrics, new_namespace, pods,
+from .e2e_helpers import (run_path, apply, describe, gj_row, make_assets, metrics, new_namespace, pods,
                           quickstart_job, reward_ends, status, wait_for, wait_phase)
 
 # The first test to use the cluster also pays for starting it, which includes importing new
@@ -76,7 +76,7 @@ def test_exported_model_in_s3_loads_and_generates(cluster, quickstart):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     fs = cluster.s3()
-    prefix = f"{S3_BUCKET}/runs/{quickstart['ns']}/{quickstart['name']}/hf/step-{STEPS}"
+    prefix = f"{run_path(cluster, quickstart['ns'], quickstart['name'])}/hf/step-{STEPS}"
     import pyarrow.fs as pafs
     files = [f for f in fs.get_file_info(pafs.FileSelector(prefix, recursive=True)) if f.type == pafs.FileType.File]
     assert any(f.path.endswith(".safetensors") for f in files), [f.path for f in files]

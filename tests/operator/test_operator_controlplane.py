@@ -11,6 +11,7 @@ import time
 from datetime import datetime, timezone
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -152,8 +153,9 @@ def table(text: str) -> list[dict[str, str]]:
     return [dict(zip(cut(header), cut(line))) for line in lines]
 
 
-def write_progress(storage_root, ns, name, **progress):
-    root = storage_root / ns / name
+def write_progress(k: "Cluster", name, **progress):
+    """progress.json where the trainer of the object `name` now in the API writes it (its uid's run)."""
+    root = k.storage_root / k.ns / name / k.get(name)["metadata"]["uid"]
     root.mkdir(parents=True, exist_ok=True)
     (root / "progress.json").write_text(json.dumps(progress))
 
@@ -209,7 +211,7 @@ def test_create_makes_owned_children_wired_for_torchrun(k, control_plane, kubect
     assert k.condition("Running")["status"] == "True"
     assert st["observedGeneration"] == 1 and st["startTime"]
 
-    write_progress(k.storage_root, k.ns, "demo", step=3, totalSteps=10, epoch=0, policyVersion=3,
+    write_progress(k, "demo", step=3, totalSteps=10, epoch=0, policyVersion=3,
                    rewardMean=0.625, validationScore=0.5, lastCheckpoint="file:///x/checkpoints/step-2",
                    tokensPerSecond=123.0)
     eventually(lambda: (k.status().get("progress") or {}).get("step") == 3, what="progress in the status")
@@ -284,14 +286,14 @@ def test_success_scales_rollout_to_zero_then_ttl_deletes_the_job(k, operator):
     k.create(**{"runPolicy.ttlSecondsAfterFinished": 12})
     k.run_all()
     k.wait_phase("Running")
-    write_progress(k.storage_root, k.ns, "demo", step=10, totalSteps=10, rewardMean=0.75)
+    write_progress(k, "demo", step=10, totalSteps=10, rewardMean=0.75)
     for p in k.trainer_pods():
         k.kubelet(p, "Succeeded", exit_code=0)
     st = k.wait_phase("Succeeded")
     assert st["completionTime"] and k.condition("Succeeded")["status"] == "True"
     assert st["progress"]["step"] == 10                      # the final step's numbers
     eventually(lambda: k.deployment().spec.replicas == 0, what="rollout scaled to zero")
-    write_progress(k.storage_root, k.ns, "demo", step=99)
+    write_progress(k, "demo", step=99)
     operator.wait_for_resyncs()                              # resyncs ran: a finished job's progress stays
     st = k.status()
     assert st, "the TTL deleted the job before two resyncs ran: raise ttlSecondsAfterFinished"
@@ -398,6 +400,33 @@ def test_the_api_server_refuses_changes_a_running_job_would_not_honour(k, spec, 
     assert f"{field} can't change while the job exists: the pods read it once, at start (only " \
            "spec.rollout.replicas, spec.rollout.template, spec.runPolicy can change)" in refused.value.body
     assert k.get()["metadata"]["generation"] == 1
+
+
+def test_a_job_deleted_and_applied_again_is_a_new_run(k, operator):
+    """Issue 36, bug 3: the re-created object has its own run (storage under its uid): it never
+    shows the old object's progress, and the old run's files stay where they were."""
+    first = k.create()
+    k.run_all()
+    k.wait_phase("Running")
+    write_progress(k, "demo", step=7, totalSteps=10, rewardMean=0.5)
+    eventually(lambda: (k.status().get("progress") or {}).get("step") == 7, what="the first run's progress")
+    old_run = k.status()["runUri"]
+    assert old_run == f"file://{k.storage_root}/{k.ns}/demo/{first['metadata']['uid']}"
+    k.custom.delete_namespaced_custom_object(GROUP, VERSION, k.ns, PLURAL, "demo")
+    eventually(lambda: k.get() is None and not any(k.children().values()), timeout=60, what="the first job gone")
+
+    second = k.create()
+    assert second["metadata"]["uid"] != first["metadata"]["uid"]
+    eventually(lambda: k.status().get("runUri"), what="the new job's run")
+    assert k.status()["runUri"] == f"file://{k.storage_root}/{k.ns}/demo/{second['metadata']['uid']}"
+    spec = yaml.safe_load(eventually(lambda: k.children()["configmaps"], what="the spec ConfigMap")[0]
+                          .data["job.yaml"])
+    assert spec["metadata"]["uid"] == second["metadata"]["uid"]           # the pods write the new run
+    k.run_all()
+    k.wait_phase("Running")
+    operator.wait_for_resyncs()
+    assert k.status().get("progress") is None                            # not the old object's step 7
+    assert (k.storage_root / k.ns / "demo" / first["metadata"]["uid"] / "progress.json").exists()
 
 
 def test_delete_garbage_collects_every_child(k):

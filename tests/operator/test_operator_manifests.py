@@ -66,7 +66,8 @@ def test_names_are_deterministic():
 def test_config_map_holds_the_resolved_spec_the_pods_read():
     cm = manifests.build_config_map(job(), S)
     doc = yaml.safe_load(cm["data"]["job.yaml"])
-    assert doc["metadata"] == {"name": "demo", "namespace": "team-a"}   # no uid, no managedFields
+    # the uid places the run's files (a re-created job is a new run); no managedFields
+    assert doc["metadata"] == {"name": "demo", "namespace": "team-a", "uid": job().metadata.uid}
     assert doc["spec"]["rollout"]["n"] == 5
     assert doc["spec"]["algorithm"]["advEstimator"] == "grpo"           # defaults filled in
     assert "status" not in doc

@@ -108,6 +108,12 @@ def test_job_root(tmp_path):
     s3 = job(storage={"uri": "s3://grpo-runs/prefix/"})
     assert job_root(s3, local=False) == "s3://grpo-runs/prefix/team-a/qwen3-gsm8k"
     assert job_root(s3, local=True) == "s3://grpo-runs/prefix/team-a/qwen3-gsm8k"
+    # On Kubernetes each object (uid) has its own run: a re-created same-named job starts anew;
+    # a local run of a file carrying a uid (copied from kubectl get -o yaml) still resumes.
+    on_kube = parse_job({**s3.model_dump(mode="json", by_alias=True, exclude_none=True),
+                         "metadata": {"name": "qwen3-gsm8k", "namespace": "team-a", "uid": "3f2a-11"}})
+    assert job_root(on_kube, local=False) == "s3://grpo-runs/prefix/team-a/qwen3-gsm8k/3f2a-11"
+    assert job_root(on_kube, local=True) == "s3://grpo-runs/prefix/team-a/qwen3-gsm8k"
     relative = job(storage={"uri": "file://runs"})
     assert job_root(relative, local=True, cwd=tmp_path) == f"file://{tmp_path}/runs/team-a/qwen3-gsm8k"
     with pytest.raises(ValueError, match="spec.storage.uri: required on Kubernetes"):

@@ -80,8 +80,15 @@ def trainer(argv: list[str]) -> int:
             t = Trainer(job, rollout_addresses=args.rollout, auth=auth, checkpoint_key=key, local=args.run_locally,
                         metrics_port=args.metrics_port)
         except (SetupError, FileNotFoundError, signing.ManifestError) as exc:
-            # Every rank stops with the same message: say it once.
-            return _bad_input(f"error: {exc}", say=dist.get_rank() == 0)
+            # Every rank stops with the same message: say it once. Then leave at once: nothing
+            # was written that needs saving, and gloo's teardown (destroy_process_group, then
+            # the interpreter's) sometimes aborted here (SIGABRT, "terminate called without an
+            # active exception", ~1 run in 20 with 2 ranks on a loaded machine), which turned
+            # this exit 2, that the operator fails the job on, into a crash that is retried.
+            code = _bad_input(f"error: {exc}", say=dist.get_rank() == 0)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
         signal.signal(signal.SIGTERM, lambda *_: t.request_stop())
         t.train()
     finally:
