@@ -40,6 +40,9 @@ FULL = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_
             max_position_embeddings=40960, rope_theta=1_000_000.0, rms_norm_eps=1e-6)
 TINY = dict(FULL, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, vocab_size=1024, max_position_embeddings=512)
+# Qwen3-8B's shape (the tutorial's model size), for LoRA on one GPU (issue 33): build --shape 8b.
+SHAPE_8B = dict(FULL, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                num_key_value_heads=8, head_dim=128, tie_word_embeddings=False)
 WORKLOAD = dict(prompts=32, n=8, prompt_len=256, response_len=512)
 TINY_WORKLOAD = dict(prompts=4, n=4, prompt_len=24, response_len=8)
 
@@ -106,7 +109,7 @@ def cmd_build(args) -> None:
     w = workload(args)
     tok = build_tokenizer()
     tok.model_max_length = 4096
-    size = TINY if args.tiny else FULL
+    size = TINY if args.tiny else SHAPE_8B if args.shape == "8b" else FULL
     dtype = torch.float32 if args.tiny else torch.bfloat16
     config = Qwen3Config(pad_token_id=tok.convert_tokens_to_ids(PAD), bos_token_id=None,
                          eos_token_id=tok.convert_tokens_to_ids(IM_END), dtype=str(dtype).removeprefix("torch."),
@@ -559,6 +562,8 @@ def cmd_step(args) -> None:
                  "spec.rollout.maxStaleness": args.max_staleness}
     if args.engine == "vllm":
         overrides["spec.rollout.gpuMemoryUtilization"] = args.gpu_memory_utilization
+    # --set KEY=VALUE: a variant of the workload (LoRA, PPO's critic, ...), named by --label.
+    overrides.update(kv.split("=", 1) for kv in args.set)
     job = load_bench_job(args, **overrides)
     job_path = str(Path(args.workdir) / f"job-step-{args.engine}.yaml")
     Path(job_path).write_text(yaml.safe_dump(job.model_dump(mode="json", by_alias=True, exclude_none=True)))
@@ -600,7 +605,8 @@ def cmd_step(args) -> None:
                                               if isinstance(v, float)))
         timed = rows[args.warmup:]
         summary = {k: median([r[k] for r in timed]) for k in timed[0] if isinstance(timed[0][k], (int, float))}
-        emit(args, "step", engine=args.engine, weight_sync=args.weight_sync, compiled=not args.no_compile,
+        emit(args, "step", label=args.label, sets=args.set, engine=args.engine, weight_sync=args.weight_sync,
+             compiled=not args.no_compile,
              max_staleness=args.max_staleness, rollout_gpu=args.rollout_gpu,
              weight_path="cuda_ipc" if trainer.publisher._colocated and all(trainer.publisher._colocated.values())
              else args.weight_sync,
@@ -699,6 +705,9 @@ def main(argv=None) -> int:
     p.add_argument("--weight-sync", default="nccl", choices=["nccl", "grpc"],
                    help="step: spec.weightSync.backend (nccl: cuda_ipc when co-located)")
     p.add_argument("--no-compile", action="store_true", help="step: trainer.useTorchCompile false")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="step: a job override")
+    p.add_argument("--label", default="", help="step: names the variant in the results")
+    p.add_argument("--shape", default="1.7b", choices=["1.7b", "8b"], help="build: the model's shape")
     p.add_argument("--max-staleness", type=int, default=0, help="step: rollout.maxStaleness (1: overlap)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.35, help="step: vLLM's share of the GPU")
     p.add_argument("--rollout-gpu", type=int, default=None,

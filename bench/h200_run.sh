@@ -62,7 +62,7 @@ run() {  # run NAME LIMIT_S MIN_S ARGS...: skipped when the deadline leaves less
   if (( t < min )); then echo "=== SKIP $name: the deadline leaves ${t}s (< ${min}s)"; return; fi
   echo "=== $name (timeout ${t}s): $*"
   local s=$(date +%s)
-  timeout -k 15 "$t" $PY "$script" "$@" $TINY_FLAG --workdir "$W" --results "$OUT/results.jsonl" \
+  timeout -k 15 "$t" $PY "$script" "$@" $TINY_FLAG --workdir "${RUN_W:-$W}" --results "$OUT/results.jsonl" \
     --log-dir "$OUT" 2>&1 | grep --line-buffered -v -E 'it/s\]|s/it\]|Loading weights|Writing model shards'
   echo "=== $name rc=$? in $(( $(date +%s) - s ))s (elapsed $(( $(date +%s) - START ))s)"
 }
@@ -82,6 +82,16 @@ for phase in $PHASES; do
     step)         run step 260 120 step --max-tokens 24576 --warmup 1 --steps 2 $extra ;;
     step-vllm)    run step-vllm 330 150 step --engine vllm --max-tokens 24576 --warmup 2 --steps 2 $extra ;;
     step-async)   run step-async 330 150 step --engine vllm --max-staleness 1 --max-tokens 24576 --warmup 2 --steps 2 $extra ;;
+    # Issue 33 / 30: the same step with LoRA (merged-weight sync), and PPO (gae, a critic).
+    step-lora)    run step-lora 330 150 step --engine vllm --max-staleness 1 --max-tokens 24576 --warmup 2 --steps 2 \
+                    --label lora-r64 --set model.lora.rank=64 --set model.lora.alpha=128 --set trainer.lr=1e-5 $extra ;;
+    step-gae)     run step-gae 330 150 step --engine vllm --max-staleness 1 --max-tokens 24576 --warmup 2 --steps 2 \
+                    --label ppo-gae --set algorithm.advEstimator=gae --set critic.lr=1e-5 $extra ;;
+    # Qwen3-8B-shaped policy with LoRA and vLLM on one GPU (its own workdir, $W-8b).
+    build-8b)     RUN_W=$W-8b run build-8b 200 100 build --shape 8b $extra ;;
+    step-8b-lora) RUN_W=$W-8b run step-8b-lora 420 200 step --engine vllm --max-staleness 1 --max-tokens 16384 --warmup 1 \
+                    --steps 2 --gpu-memory-utilization 0.3 --label 8b-lora-r64 --set model.lora.rank=64 \
+                    --set model.lora.alpha=128 --set trainer.lr=1e-5 $extra ;;
     vllm-check)   SCRIPT=bench/vllm_check.py run vllm-check 330 150 $extra ;;
     trl-vllm)     run trl-vllm 280 150 trl --vllm --warmup 1 --steps 2 $extra ;;
     # Issue 20, two GPUs (bench/x2_bench.py): the link, the nccl weight path and its abort, FSDP2
@@ -126,7 +136,7 @@ for r in rows:
         print(f"sync cpu/512MB bucket: pack {r['pack_s']:.2f} tobytes {r['tobytes_s']:.2f} sha {r['sha256_s']:.2f}s")
     else:
         print(json.dumps(r)[:400])
-steps = {f"{r.get('engine', 'hf')}, maxStaleness {r.get('max_staleness', 0)}": r["median_step"]
+steps = {f"{r.get('engine', 'hf')}, maxStaleness {r.get('max_staleness', 0)} {r.get('label', '')}": r["median_step"]
          for r in rows if r["bench"] == "step" and "median_step" in r}
 trl = {bool(r.get("vllm")): r["median_step_s"] for r in rows if r["bench"] == "trl"}
 for engine, ours in steps.items():
