@@ -82,6 +82,11 @@ class RolloutMetrics:
         self._l(self._rm_seconds, model=model).observe(seconds)
         self._l(self._rm_batch, model=model).observe(items)
 
+    def reward_model_known(self, model: str) -> None:
+        """Zero series for the failures a dying or overrunning replica gives, before the first one."""
+        for code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+            self._l(self._rm_errors, model=model, code=code)
+
     def reward_model_error(self, model: str, code: str) -> None:
         self._l(self._rm_errors, model=model, code=code).inc()
 

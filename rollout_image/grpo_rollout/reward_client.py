@@ -69,6 +69,8 @@ class RewardModelClient:
         self._channels: dict[str, grpc.Channel] = {}
         self._next = itertools.count()
         self._pause = retry_pause
+        if metrics:
+            metrics.reward_model_known(spec.name)
 
     def _stub(self, address: str) -> pb_grpc.RewardStub:
         if address not in self._channels:

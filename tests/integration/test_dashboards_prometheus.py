@@ -16,6 +16,8 @@ The run is set up so that every panel has something to show:
 - GRPO_PEAK_FLOPS: on CPU the trainer knows no peak FLOP/s and exports no perf/mfu (the MFU panel
   is then legitimately empty); the documented override makes MFU computable here;
 - trainer.testFreq / saveFreq = 5: val/score and timing_s/checkpoint exist once step 5 is done.
+- a reward model (builtin://tiny-qwen3-rm, weight 0 under combine sum: the rule's reward unchanged): the
+  reward-model panels (issue 31).
 No query is exempt (EXCEPTIONS below is empty); add one only with its reason.
 
 The operator dashboard is covered by tests/operator/test_operator_dashboard.py (its series come
@@ -45,7 +47,9 @@ TOTAL_STEPS = 200                             # not reached: the test stops the 
 QUERY_AFTER_STEP = 7                          # past step 5's validation and checkpoint
 OVERRIDES = [f"trainer.totalSteps={TOTAL_STEPS}", "trainer.testFreq=5", "trainer.saveFreq=5",
              "algorithm.useKLLoss=true", "data.trainBatchSize=16", "trainer.miniBatchSize=16",
-             "trainer.microBatchSizePerGPU=128"]
+             "trainer.microBatchSizePerGPU=128",
+             # The reward-model panels: a tiny classifier whose score adds nothing (weight 0, combine sum).
+             "reward.combine=sum", "reward.rewardModels=[{name: rm, path: 'builtin://tiny-qwen3-rm', weight: 0, gpus: 0}]"]
 # Grafana's variables, as the dashboards would be viewed on this run.
 VARIABLES = {"namespace": NAMESPACE, "job": JOB, "__rate_interval": "30s", "__interval": "1s",
              "__range": "30s", "__range_s": "30"}
