@@ -143,6 +143,7 @@ def main(argv: list[str]) -> int:
         print(f"grpo reward: {exc}", file=sys.stderr)
         return 2
     models = {m.name: m for m in job.spec.reward.reward_models}
+    index = {m.name: i for i, m in enumerate(job.spec.reward.reward_models)}
     if args.model not in models:
         print(f"grpo reward: --model {args.model}: not in spec.reward.rewardModels (known: "
               f"{', '.join(models) or 'none'})", file=sys.stderr)
@@ -162,7 +163,7 @@ def main(argv: list[str]) -> int:
             from grpo_api.storage import check_local_model_path
             from grpo_rollout.reward_models import build_scorer
             from grpo_rollout.serve import _device
-            check_local_model_path(spec.path, f"spec.reward.rewardModels[{spec.name}].path")
+            check_local_model_path(spec.path, f"spec.reward.rewardModels[{index[spec.name]}].path")
             scorer = build_scorer(spec, device=_device(args.device))
             server, port = start_server(RewardServicer(spec.name, scorer, metrics), token, host=args.host,
                                         port=args.port, tls=tls)

@@ -89,6 +89,14 @@ def test_reward_model_reward_rises_beyond_a_no_learning_control(runs):
     assert (l1 - l0) > (c1 - c0) + 0.02, detail
 
 
+def test_a_reward_server_that_cannot_start_is_named(tmp_path, grpo_cache):
+    run = LauncherRun(QUICKSTART, tmp_path, grpo_cache, ["reward.rewardModels=[{name: rm, path: /nonexistent/rm, gpus: 0}]"])
+    assert run.wait(300) == 1
+    assert ("error: reward-rm-0 exited with 2: grpo reward: spec.reward.rewardModels[0].path: '/nonexistent/rm' "
+            "does not exist") in run.log(), run.log()[-3000:]
+    assert not list((tmp_path / RUN_DIR).glob("rollouts/*")), "nothing may be generated"
+
+
 def test_killed_reward_server_is_restarted_and_every_sample_is_scored_once(runs):
     run_dir, log = runs["learn"]
     assert "reward-rm-0 exited with -9; restarting it (1/" in log, log[-6000:]
