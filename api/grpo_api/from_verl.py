@@ -914,10 +914,21 @@ def translate(cfg: VerlConfig, *, name: str | None = None, namespace: str | None
 
     for key, value in cfg.flat.items():
         rules = rules_for(key)
+        turned_on = key.rsplit(".", 1)[-1] in ("enable", "enabled") and value not in (False, None, "false", "False")
+        if turned_on and rules and all(r.kind == "ignore" and r.verl.endswith("*") for r in rules):
+            # A feature turned on under a namespace ignored wholesale (vLLM's knobs, ...): the job
+            # would silently train without it.
+            errors.append(f"{key}={value!r}: turns on a verl feature this translator doesn't know, "
+                          "so it can't be honoured")
+            continue
         if not rules:
             close = _misspelled(key) or next(iter(difflib.get_close_matches(
                 key, [r.verl for r in RULES if not r.verl.endswith("*")], n=1)), None)
             hint = f"; did you mean {close}?" if close else ""
+            if turned_on:
+                errors.append(f"{key}={value!r}: turns on a verl feature this translator doesn't know, "
+                              f"so it can't be honoured{hint}")
+                continue
             warnings.append(f"{key}={value!r}: not a verl key this translator knows; ignored{hint}")
         for rule in rules:
             apply(rule, key, value, absent=False)

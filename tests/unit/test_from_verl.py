@@ -387,6 +387,9 @@ def test_keys_with_no_meaning_here_are_warnings(monkeypatch, capsys):
                                                               "not supported"),
     ("actor_rollout_ref.model.lora_rank=8 actor_rollout_ref.model.exclude_modules=[lm_head]",
      "LoRA's exclude_modules is not supported"),
+    # a feature turned on that the translator doesn't know is an error, never a warning
+    ("+actor_rollout_ref.rollout.speculative.enable=True", "actor_rollout_ref.rollout.speculative.enable=True: turns "
+                                                           "on a verl feature this translator doesn't know"),
     ("actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.strategy='megatron': the trainer is "
                                                   "FSDP2 only"),
     ("actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean", "'geo_mean' is not a policy loss here"),
