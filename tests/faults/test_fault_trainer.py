@@ -1,4 +1,4 @@
-"""The trainer dying (issue 12): SIGKILL in the middle of a step, and a checkpoint whose write
+"""The trainer dying (issue 12; with PPO's critic, issue 30): SIGKILL in the middle of a step, and a checkpoint whose write
 was cut short. Real processes on CPU: the trainer under torchrun (1 rank, gloo), one `grpo
 rollout` server, file:// storage, the tiny Qwen3 model.
 
@@ -35,9 +35,15 @@ def _sorted_responses(root, step: int) -> list:
     return table.column("response_ids").to_pylist()
 
 
-def test_trainer_killed_mid_step_resumes_from_the_last_complete_checkpoint(tmp_path, tiny_model, train_data, token):
+# PPO: the critic (its weights, optimizer and schedule) is in the checkpoint and resumes with it.
+ALGORITHMS = {"grpo": {}, "ppo": {"algorithm": {"advEstimator": "gae", "lam": 0.95}, "critic": {"lr": 1e-4}}}
+
+
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_trainer_killed_mid_step_resumes_from_the_last_complete_checkpoint(algorithm, tmp_path, tiny_model,
+                                                                            train_data, token):
     hold = Hold(tmp_path / "hold")
-    common = dict(model=tiny_model, train=train_data, storage=tmp_path / "store",
+    common = dict(model=tiny_model, train=train_data, storage=tmp_path / "store", **ALGORITHMS[algorithm],
                   reward={"function": hold.function, "workers": 1, "timeoutSeconds": 600},
                   rollout={"replicas": 1}, weightSync={"backend": "grpc"},
                   trainer={"nprocPerNode": 1, "totalSteps": STEPS, "saveFreq": 1})    # keepCheckpoints: 2
@@ -102,6 +108,9 @@ def test_trainer_killed_mid_step_resumes_from_the_last_complete_checkpoint(tmp_p
     for a, b in zip(got, want):
         assert a["critic/score/mean"] == pytest.approx(b["critic/score/mean"]), a["step"]
         assert a["actor/pg_loss"] == pytest.approx(b["actor/pg_loss"], rel=1e-4, abs=1e-6), a["step"]
+        if algorithm == "ppo":   # the critic resumed too: the same values and value loss
+            assert a["critic/vf_loss"] == pytest.approx(b["critic/vf_loss"], rel=1e-4, abs=1e-6), a["step"]
+            assert a["critic/values/mean"] == pytest.approx(b["critic/values/mean"], rel=1e-4, abs=1e-6), a["step"]
     # the partial checkpoint was never used, and step 3's real one replaced it
     assert _complete(root) == [3, 4]
     assert json.loads((partial / "trainer_state.json").read_text())["step"] == 3
