@@ -117,7 +117,9 @@ def build_crd() -> dict[str, Any]:
                 "name": API_VERSION,
                 "served": True,
                 "storage": True,
-                "subresources": {"status": {}},
+                # `kubectl scale gj NAME --replicas=N`: the rollout servers, the one part that scales.
+                "subresources": {"status": {}, "scale": {"specReplicasPath": ".spec.rollout.replicas",
+                                                         "statusReplicasPath": ".status.rolloutReplicas"}},
                 "additionalPrinterColumns": [
                     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
                     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},

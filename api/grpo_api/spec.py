@@ -624,6 +624,8 @@ class GRPOJobStatus(_Model):
     """When the job finished."""
     observed_generation: int | None = None
     """The spec generation the status describes."""
+    rollout_replicas: int = 0
+    """Ready rollout servers (`kubectl scale gj NAME --replicas=N` sets spec.rollout.replicas)."""
     run_uri: str | None = None
     """Where this job's files are (checkpoints, rollouts, metrics, the exported model):
     `<storage.uri>/<namespace>/<name>/<uid>`."""

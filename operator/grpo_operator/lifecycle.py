@@ -77,6 +77,8 @@ class Observed:
     pods: PodsView = PodsView()
     rollout_replicas: int | None = None
     """spec.replicas of the rollout Deployment; None when there is none."""
+    rollout_ready: int = 0
+    """Ready rollout servers (the Deployment's readyReplicas): the scale subresource's status."""
     progress: Progress | None = None
     """progress.json as just read; None when not read this time (the status keeps the last)."""
     progress_read: bool = False

@@ -148,6 +148,7 @@ class Reconciler:
         decision = lifecycle.decide(job, errors, old_status, observed, self.clock())
         if job is not None and job.spec.storage.uri:
             decision.status = decision.status.model_copy(update={"run_uri": job_root(job, local=False)})
+        decision.status = decision.status.model_copy(update={"rollout_replicas": observed.rollout_ready})
         self._write_status(obj, old_status, decision.status)
         self._act(obj, job, decision, settings)
         for event in decision.events:
@@ -199,9 +200,10 @@ class Reconciler:
         if trainer is not None and trainer.suspended and self._has_api(_KUEUE_API):
             kueue_message = self._why_not_admitted(ns, trainer_obj["metadata"]["uid"])
         deployment = self.kube.get("apps/v1", "Deployment", ns, names.rollout_name(name))
-        replicas = None
+        replicas, ready = None, 0
         if deployment is not None and _owned_by(deployment, uid):
             replicas = (deployment.get("spec") or {}).get("replicas", 1)
+            ready = (deployment.get("status") or {}).get("readyReplicas") or 0
         # Only a valid job's pods are looked at: an invalid name (over-long, admitted by an older
         # CRD) is no valid label value, and an invalid job only needs its pods stopped.
         pod_list = self.kube.list("v1", "Pod", ns, {names.JOB_LABEL: name}) if job is not None else []
@@ -221,7 +223,7 @@ class Reconciler:
             self._log_progress_error((ns, name), progress_error)
         return lifecycle.Observed(
             generation=generation, trainer=trainer, pods=pods.view(pod_list, attempt=attempt),
-            rollout_replicas=replicas, progress=progress, progress_error=progress_error if read_now else None,
+            rollout_replicas=replicas, rollout_ready=ready, progress=progress, progress_error=progress_error if read_now else None,
             progress_read=read_now, children_applied=self._applied.get((ns, name)) == (uid, generation),
             kueue_message=kueue_message,
             runs_with=f"trainer image {settings.trainer_image}, rollout image {settings.rollout_image}",

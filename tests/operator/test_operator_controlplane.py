@@ -372,6 +372,21 @@ def test_rollout_replicas_scale_while_running(k):
     eventually(lambda: k.status().get("observedGeneration") == 2, what="observedGeneration 2")
 
 
+def test_kubectl_scale_sets_the_rollout_replicas(k, control_plane, kubectl_bin):
+    """The scale subresource (issue 36): `kubectl scale gj` scales the rollout servers, the one
+    part of a job that scales; the status counts the ready ones."""
+    k.create()
+    eventually(lambda: k.deployment() is not None, what="the rollout Deployment")
+    kubectl(kubectl_bin, control_plane, "-n", k.ns, "scale", "gj", "demo", "--replicas=2")
+    assert k.get()["spec"]["rollout"]["replicas"] == 2
+    eventually(lambda: k.deployment().spec.replicas == 2, what="scaled to 2")
+    k.run_all(rollout_count=2)
+    eventually(lambda: k.status().get("rolloutReplicas") == 2, what="2 ready rollout servers in the status")
+    out = kubectl(kubectl_bin, control_plane, "-n", k.ns, "get", "gj", "demo", "--subresource=scale",
+                  "-o", "jsonpath={.spec.replicas} {.status.replicas}").stdout
+    assert out.split() == ["2", "2"]
+
+
 def test_a_spec_made_invalid_while_running_stops_the_job(k):
     k.create()
     k.run_all()

@@ -196,7 +196,8 @@ def test_crd_schema_is_structural_and_documented():
     assert all(p.get("description") for p in rollout["properties"].values())
     rules = schema["properties"]["spec"]["x-kubernetes-validations"]
     assert any("self.rollout.n >= 2" in r["rule"] for r in rules)
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"] == {"status": {}, "scale": {"specReplicasPath": ".spec.rollout.replicas",
+                                                               "statusReplicasPath": ".status.rolloutReplicas"}}
     columns = version["additionalPrinterColumns"]
     assert [c["name"] for c in columns if not c.get("priority")] == ["Phase", "Step", "Total", "Reward", "Val", "Age"]
     assert [c["name"] for c in columns if c.get("priority") == 1] == ["Best", "Best-Step", "Restarts", "Epoch", "Reason"]  # -o wide
