@@ -110,6 +110,10 @@ def test_records_hold_the_whole_trajectory_and_its_mask(runs):
         assert all(r["response_logprobs"][i] <= 0.0 for i, m in enumerate(mask) if m == 1)
         if tool_positions:
             assert r["response_mask"][-1] == 1       # a trajectory ends on the model's tokens
+    step = read_metrics(learn)[-1]
+    assert step["num_turns/max"] == 3 and 1 < step["num_turns/mean"] <= 3
+    # up to 2 calls: the second one runs, but its answer may not fit maxResponseLength
+    assert 0 < step["tool_calls/mean"] <= 2 and step["tool_calls/errors"] == 0
 
 
 @pytest.mark.parametrize("tool", ["explode", "hang"])
@@ -127,3 +131,4 @@ def test_a_failing_tool_does_not_stop_the_run(lookup_task, tmp_path, tool):
     calls = [c for r in rows for c in json.loads(r["agent"])["tool_calls"]]
     assert calls and all(c["error"] == ("crash" if tool == "explode" else "timeout") for c in calls)
     assert all(r["reward"] == 0.0 for r in rows if json.loads(r["agent"])["tool_calls"])
+    assert read_metrics(root)[0]["tool_calls/errors"] == len(calls)

@@ -69,3 +69,14 @@ def test_old_shards_without_the_mask_still_read():
     new = pa.Table.from_pylist([{**row, "response_mask": [1, 0], "num_turns": 2, "agent": "{}"}], schema=ROLLOUT_SCHEMA)
     [s] = batching.samples_from_table(new)
     assert s.loss_mask == [1, 0] and s.last_model_token == 0
+
+
+def test_multi_turn_metrics_count_turns_calls_and_errors():
+    from grpo_trainer.metrics import multi_turn_metrics
+    ok = {"name": "lookup", "error": ""}
+    rows = [{"num_turns": 3, "tool_calls": [ok]}, {"num_turns": 5, "tool_calls": [ok, {"name": "x", "error": "timeout"}]},
+            {"num_turns": 1, "tool_calls": []}]
+    samples = [batching.Sample("u", 0, i, [1], [2], [-0.1], 0.0, "stop", 0, [1], a) for i, a in enumerate(rows)]
+    assert multi_turn_metrics(samples) == {"num_turns/mean": 3.0, "num_turns/min": 1, "num_turns/max": 5,
+                                           "tool_calls/mean": 1.0, "tool_calls/errors": 1}
+    assert multi_turn_metrics([batching.Sample("u", 0, 0, [1], [2], [-0.1], 0.0, "stop", 0)]) == {}

@@ -8,6 +8,7 @@ on mixed lengths. Tensors are over the shifted sequence (position t predicts tok
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -28,6 +29,7 @@ class Sample:
     finish_reason: str
     policy_version: int = 0       # of the weights that generated it
     loss_mask: list[int] | None = None   # multi-turn: 1 for the model's tokens, 0 for tools'; None: all 1
+    agent: dict | None = None            # multi-turn: the trajectory's turns and tool calls (record `agent`)
 
     @property
     def length(self) -> int:
@@ -52,10 +54,10 @@ def samples_from_table(table: pa.Table) -> list[Sample]:
     has_mask = "response_mask" in table.column_names
     rows = table.select(["uid", "prompt_index", "sample_index", "prompt_ids", "response_ids",
                          "response_logprobs", "reward", "finish_reason", "policy_version"]
-                        + (["response_mask"] if has_mask else [])).to_pylist()
+                        + (["response_mask", "agent"] if has_mask else [])).to_pylist()
     samples = [Sample(r["uid"], r["prompt_index"], r["sample_index"], r["prompt_ids"], r["response_ids"],
                       r["response_logprobs"], float(r["reward"]), r["finish_reason"], r["policy_version"],
-                      r.get("response_mask"))
+                      r.get("response_mask"), json.loads(r["agent"]) if r.get("agent") else None)
                for r in rows]
     for s in samples:
         if s.loss_mask is not None and len(s.loss_mask) != len(s.response_ids):

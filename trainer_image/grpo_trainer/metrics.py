@@ -150,9 +150,24 @@ def step_metrics(step: int, version: int, samples: list[Sample], batch: RolloutB
     }
     if batch.filtered_groups is not None:
         m["rollout/filtered_groups"] = batch.filtered_groups
+    m.update(multi_turn_metrics(samples))
     if peak := peak_flops(device):
         m["perf/mfu"] = update.flops / update.train_seconds / (peak * world)
     return {**m, **update.metrics, **timings}
+
+
+def multi_turn_metrics(samples: list[Sample]) -> dict[str, float]:
+    """The agent loop's trajectories (rollout.multiTurn): turns per sample (verl's num_turns/*),
+    tool calls per sample, and the calls that failed (a parse error, an unknown tool, a crash, a
+    timeout); {} for single-turn rollouts."""
+    agents = [s.agent for s in samples if s.agent is not None]
+    if not agents:
+        return {}
+    turns = [a["num_turns"] for a in agents]
+    calls = [len(a["tool_calls"]) for a in agents]
+    return {"num_turns/mean": statistics.fmean(turns), "num_turns/min": min(turns), "num_turns/max": max(turns),
+            "tool_calls/mean": statistics.fmean(calls),
+            "tool_calls/errors": sum(bool(c["error"]) for a in agents for c in a["tool_calls"])}
 
 
 def peak_flops(device: torch.device) -> float | None:

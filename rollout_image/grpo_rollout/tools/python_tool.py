@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 from grpo_api.spec import PythonSandbox
-from grpo_rollout.tools.base import Tool
+from grpo_rollout.tools.base import Tool, ToolError
 
 _CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
 MAX_OUTPUT_BYTES = 64 * 1024
@@ -116,10 +116,8 @@ class PythonTool(Tool):
 
     def __init__(self, limits: PythonSandbox):
         self.limits = limits
-        self.failures = 0
 
     def call(self, arguments: dict, create_kwargs: dict) -> str:
-        from grpo_rollout.tools.base import ToolError
         code = arguments.get("code")
         if not isinstance(code, str):
             raise ToolError("python needs a string argument 'code'")
