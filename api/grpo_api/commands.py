@@ -9,8 +9,9 @@ from pathlib import Path
 from grpo_api.jobfile import JobError, kubectl_boolean_keys, load_job
 
 
-def validate(argv: list[str]) -> int:
-    """Check GRPOJob files and list every error with its field path."""
+def validate(argv: list[str], extra_checks=None) -> int:
+    """Check GRPOJob files and list every error with its field path. `extra_checks(job)` returns
+    more errors (the operator's pod-template rules: grpo_operator.commands.validate)."""
     parser = argparse.ArgumentParser(prog="grpo validate", description="Check GRPOJob files; list every error.")
     parser.add_argument("files", nargs="+", help="GRPOJob YAML files")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -23,6 +24,8 @@ def validate(argv: list[str]) -> int:
             # What Python reads one way and kubectl another: refused too, the file is for both.
             if bare := kubectl_boolean_keys(Path(path).read_text()):
                 raise JobError(bare, str(path))
+            if extra_checks is not None and (errors := extra_checks(job)):
+                raise JobError(errors, str(path))
         except JobError as exc:
             failed += 1
             print(exc, file=sys.stderr)

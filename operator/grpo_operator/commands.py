@@ -7,6 +7,33 @@ import argparse
 import sys
 
 
+def validate(argv: list[str]) -> int:
+    """Check GRPOJob files and list every error with its field path (the operator's checks too)."""
+    from grpo_api.commands import validate as validate_spec
+    return validate_spec(argv, extra_checks=_operator_errors)
+
+
+def _operator_errors(job) -> list[str]:
+    """What the operator would refuse in a job the spec accepts: the pod templates (a reserved
+    env var, a mountPath or volume of the operator's, ...), checked by building the job's pods
+    with the default settings, as the operator does before it creates anything. spec.trainer is
+    immutable, so finding these after `kubectl apply` means deleting and re-creating the job."""
+    from grpo_api.spec import ObjectMeta
+    from grpo_operator import manifests
+    from grpo_operator.settings import OperatorSettings
+    from grpo_operator.templates import TemplateError
+    named = job.model_copy(update={"metadata": ObjectMeta(name=job.metadata.name, namespace=job.metadata.namespace,
+                                                           uid=job.metadata.uid or "grpo-validate")})
+    settings = OperatorSettings()
+    errors: list[str] = []
+    for build in (manifests.build_trainer_job, manifests.build_rollout_deployment):
+        try:
+            build(named, settings)
+        except TemplateError as exc:
+            errors.extend(e for e in exc.errors if e not in errors)
+    return errors
+
+
 def run(argv: list[str]) -> int:
     """Run a GRPOJob on this machine: rollout servers and a torchrun trainer."""
     parser = argparse.ArgumentParser(

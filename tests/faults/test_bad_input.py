@@ -35,6 +35,32 @@ def _tree(path: Path) -> list[str]:
 
 # --- the job file ----------------------------------------------------------------------------------
 
+POD_TEMPLATE_ERRORS = {     # what the spec accepts and the operator refuses (issue 36)
+    "reserved-env": {"trainer.template": {"spec": {"containers": [{"env": [{"name": "GRPO_RPC_TOKEN", "value": "x"}]}]}}},
+    "operator-mount": {"rollout.template": {"spec": {"containers": [
+        {"volumeMounts": [{"name": "data", "mountPath": "/etc/grpo"}]}]}}},
+    "host-network": {"trainer.template": {"spec": {"hostNetwork": True}}},
+}
+
+
+@pytest.mark.parametrize("case", list(POD_TEMPLATE_ERRORS))
+def test_grpo_validate_refuses_the_pod_templates_the_operator_refuses(case, tmp_path):
+    """The same check in both places: `spec.trainer` is immutable, so a template error found only
+    after `kubectl apply` means deleting and re-creating the job."""
+    from grpo_operator.settings import OperatorSettings
+    from grpo_operator.validation import parse_grpojob
+    doc = {"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob", "metadata": {"name": "tpl"},
+           **job_with(**{"storage.uri": "s3://b/runs", **POD_TEMPLATE_ERRORS[case]})}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    out = _grpo("validate", str(path), cwd=tmp_path)
+    assert out.returncode == 1, out.stdout
+    said = [ln.removeprefix("  - ") for ln in out.stderr.splitlines() if ln.startswith("  - ")]
+    obj = {**doc, "metadata": {"name": "tpl", "namespace": "default", "uid": "u-1"}}
+    _, operator_says = parse_grpojob(obj, OperatorSettings())
+    assert said == operator_says and said and said[0].startswith("spec."), (said, operator_says)
+
+
 def test_malformed_yaml_is_refused_with_its_line_and_nothing_is_created(tmp_path):
     bad = tmp_path / "job.yaml"
     bad.write_text("spec:\n  model: {path: x\n  data: 3\n")
