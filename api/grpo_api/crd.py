@@ -147,11 +147,14 @@ def build_crd() -> dict[str, Any]:
                                 f"self.metadata.name.matches('{NAME_PATTERN}')",
                         "message": f"metadata.name must be at most {MAX_NAME_LENGTH} characters of a-z, 0-9 and "
                                    f"'-' (a DNS label with room for the children's names, e.g. <name>-trainer-0)",
+                        "fieldPath": ".metadata.name",     # else kubectl prints `<nil>: Invalid value`
                     }],
                     "properties": {
                         "apiVersion": {"type": "string"},
                         "kind": {"type": "string"},
-                        "metadata": {"type": "object"},
+                        # name declared so the rule above can name it (fieldPath); CRDs may say
+                        # no more of metadata than name and generateName
+                        "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
                         "spec": {**spec_schema(), "description": "The training recipe (verl-style)."},
                         "status": {**status, "description": "Observed state, owned by the operator."},
                     },

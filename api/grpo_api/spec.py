@@ -824,17 +824,22 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         _lora_needs_rank),
     CrossFieldRule(
         "trainer.miniBatchSize",
+        # (a batch size < 1 is its own field's error: not this one too)
+        "self.data.trainBatchSize < 1 || self.trainer.miniBatchSize < 1 || "
         "self.data.trainBatchSize % self.trainer.miniBatchSize == 0",
         "trainer.miniBatchSize must divide data.trainBatchSize",
         _mini_divides_batch),
     CrossFieldRule(
         "trainer.nprocPerNode",
+        "self.trainer.miniBatchSize < 1 || self.rollout.n < 1 || self.trainer.nnodes < 1 || "
+        "self.trainer.nprocPerNode < 1 || "
         "(self.trainer.miniBatchSize * self.rollout.n) % (self.trainer.nnodes * self.trainer.nprocPerNode) == 0",
         "trainer.miniBatchSize x rollout.n must split evenly over nnodes x nprocPerNode",
         _mini_splits_over_ranks),
     CrossFieldRule(
         "trainer.microBatchSizePerGPU",
-        "self.trainer.microBatchSizePerGPU == 1 || self.trainer.microBatchSizePerGPU * "
+        "self.trainer.microBatchSizePerGPU <= 1 || self.trainer.miniBatchSize < 1 || self.rollout.n < 1 || "
+        "self.trainer.microBatchSizePerGPU * "
         "self.trainer.nnodes * self.trainer.nprocPerNode <= self.trainer.miniBatchSize * self.rollout.n",
         "trainer.microBatchSizePerGPU must be <= miniBatchSize x rollout.n / (nnodes x nprocPerNode)",
         _micro_fits_mini),

@@ -233,4 +233,4 @@ def test_help_says_what_every_command_does_without_importing_torch():
     listed = dict(line.strip().split(None, 1) for line in out.split("commands:\n")[1].split("\n\n")[0].splitlines())
     assert {"validate", "run", "operator", "trainer", "rollout", "from-verl", "crd", "export"} <= set(listed)
     assert all(len(text) > 20 for text in listed.values()), listed
-    assert listed["validate"] == "Check GRPOJob files and list every error with its field path."
+    assert listed["validate"] == "Check GRPOJob files and list every error with its field path (the operator's checks too)."
