@@ -69,9 +69,15 @@ def _hierarchies() -> list[Path]:
                   and not (p / "cgroup.controllers").exists())
 
 
+def _every_hierarchy() -> list[Path]:
+    """The v1 hierarchies and the v2 one (`unified`, where runc also makes the pods' cgroups):
+    what a run must leave empty and remove."""
+    return sorted(p for p in CGROUP_ROOT.iterdir() if (p / "cgroup.procs").exists() and p.is_dir())
+
+
 def _cgroup_pids(name: str) -> set[int]:
     pids: set[int] = set()
-    for h in _hierarchies():
+    for h in _every_hierarchy():
         for procs in (h / name).rglob("cgroup.procs") if (h / name).exists() else ():
             with contextlib.suppress(OSError):
                 pids.update(int(p) for p in procs.read_text().split())
@@ -107,7 +113,7 @@ def _unmount_under(path: Path) -> None:
 
 
 def _remove_cgroups(name: str) -> None:
-    for h in _hierarchies():
+    for h in _every_hierarchy():
         root = h / name
         if root.exists():
             for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
@@ -156,7 +162,7 @@ def clean_stale() -> list[str]:
         names.update(p.name for p in RUNS.iterdir() if p.name.startswith(PREFIX))
     names.update(line.split()[0] for line in _run("ip", "netns", "list").stdout.splitlines()
                  if line.startswith(PREFIX))
-    for h in _hierarchies():
+    for h in _every_hierarchy():
         names.update(p.name for p in h.glob(PREFIX + "*"))
     stale = sorted(n for n in names if _is_stale(n))
     for name in stale:

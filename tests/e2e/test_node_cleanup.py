@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from .e2e_helpers import REPO, wait_for
-from .node import PREFIX, RUNS, _cgroup_pids, _hierarchies, clean_stale
+from .node import PREFIX, RUNS, _cgroup_pids, _every_hierarchy, clean_stale
 
 # The first test to use the cluster also pays for starting it, which includes importing new
 # images into containerd (~12 min for the two torch images) when the sources changed.
@@ -40,7 +40,7 @@ def _leftovers(name: str) -> list[str]:
         found.append(str(RUNS / name))
     if name in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout:
         found.append(f"netns {name}")
-    found += [str(h / name) for h in _hierarchies() if (h / name).exists()]
+    found += [str(h / name) for h in _every_hierarchy() if (h / name).exists()]     # v2's unified too
     mounts = Path("/proc/self/mountinfo").read_text()
     if str(RUNS / name) in mounts:
         found.append("mounts under " + str(RUNS / name))
