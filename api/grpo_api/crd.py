@@ -134,8 +134,8 @@ def build_crd() -> dict[str, Any]:
                      "priority": 1},
                     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
                     {"name": "Epoch", "type": "integer", "jsonPath": ".status.progress.epoch", "priority": 1},
-                    {"name": "Reason", "type": "string", "priority": 1, "description": "Why the job failed",
-                     "jsonPath": '.status.conditions[?(@.type=="Failed")].reason'},
+                    {"name": "Reason", "type": "string", "priority": 1,
+                     "description": "Why the job failed, waits or is stalled", "jsonPath": ".status.reason"},
                 ],
                 "schema": {"openAPIV3Schema": {
                     "type": "object",

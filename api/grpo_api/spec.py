@@ -624,6 +624,10 @@ class GRPOJobStatus(_Model):
     """When the job finished."""
     observed_generation: int | None = None
     """The spec generation the status describes."""
+    reason: str | None = None
+    """Why the job is in its phase, when something is wrong or it waits: the reason of its
+    Failed, Invalid, SecretMissing, PodsPending, Queued, Suspended, TrainerFailed or
+    ProgressUnreadable condition, the first of them that holds (`kubectl get gj -o wide`)."""
     rollout_replicas: int = 0
     """Ready rollout servers (`kubectl scale gj NAME --replicas=N` sets spec.rollout.replicas)."""
     run_uri: str | None = None
@@ -900,13 +904,6 @@ def _storage_reaches_every_pod(s: GRPOJobSpec) -> str | None:
     return None
 
 
-def _reward_models_run_locally(s: GRPOJobSpec) -> str | None:
-    if s.reward.reward_models:
-        return ("reward servers are started by `grpo run` only: the operator does not create their Deployments "
-                "yet (issue 31); score with reward.function on Kubernetes")
-    return None
-
-
 # Rules only a Kubernetes job must keep (a local `grpo run` defaults its storage): the CRD
 # refuses them at `kubectl apply`, and the operator checks them for objects admitted before.
 KUBERNETES_RULES: tuple[CrossFieldRule, ...] = (
@@ -917,11 +914,6 @@ KUBERNETES_RULES: tuple[CrossFieldRule, ...] = (
         "storage.uri is required on Kubernetes: an s3:// URI, or an absolute file:/// path on a volume every "
         "pod mounts (the pods exchange prompts, rollouts and checkpoints through it)",
         _storage_reaches_every_pod),
-    CrossFieldRule(
-        "reward.rewardModels",
-        "size(self.reward.rewardModels) == 0",
-        "reward.rewardModels: reward servers are started by `grpo run` only (the operator does not create them yet)",
-        _reward_models_run_locally),
 )
 
 # What a running job honours a change of: the operator scales or rolls the rollout Deployment

@@ -148,7 +148,8 @@ class Reconciler:
         decision = lifecycle.decide(job, errors, old_status, observed, self.clock())
         if job is not None and job.spec.storage.uri:
             decision.status = decision.status.model_copy(update={"run_uri": job_root(job, local=False)})
-        decision.status = decision.status.model_copy(update={"rollout_replicas": observed.rollout_ready})
+        decision.status = decision.status.model_copy(update={"rollout_replicas": observed.rollout_ready,
+                                                             "reason": _reason(decision.status)})
         self._write_status(obj, old_status, decision.status)
         self._act(obj, job, decision, settings)
         for event in decision.events:
@@ -264,15 +265,19 @@ class Reconciler:
         if d.apply_children and job is not None:
             kube.create(manifests.build_rpc_secret(job, settings, token=secrets.token_hex(32),
                                                    checkpoint_key=signing.new_key(),
-                                                   tls=make_job_tls(name, names.rollout_dns_names(name, ns))))
+                                                   tls=make_job_tls(name, _server_names(job))))
             for child in manifests.build_children(job, settings, pod_monitor=self._pod_monitor_enabled()):
                 kube.apply(child)
             self._applied[(ns, name)] = (meta["uid"], meta.get("generation", 1))
         if d.rollout_replicas is not None:
             if job is not None:
                 kube.apply(manifests.build_rollout_deployment(job, settings, replicas=d.rollout_replicas))
+                # The reward servers live as long as the rollout servers, their only callers.
+                for deployment in manifests.build_reward_deployments(job, settings,
+                                                                     rollout_replicas=d.rollout_replicas):
+                    kube.apply(deployment)
             else:
-                self._scale_rollout_to_zero(ns, name)
+                self._scale_rollout_to_zero(obj)
         if d.delete_trainer:
             kept = d.keep_pods if settings.keep_failed_trainer_pods else ()
             for pod in kept:
@@ -292,16 +297,21 @@ class Reconciler:
                             f"created trainer Job {names.trainer_name(name)} (attempt {d.create_trainer})")
         if d.delete_rollout:
             kube.delete("apps/v1", "Deployment", ns, names.rollout_name(name))
+            for deployment in _reward_deployments(obj):
+                kube.delete("apps/v1", "Deployment", ns, deployment)
         if d.delete_job:
             kube.delete(*GJ, ns, name)
 
-    def _scale_rollout_to_zero(self, ns: str, name: str) -> None:
-        """Replicas alone, for a job whose spec became invalid (no manifest to apply)."""
-        try:
-            self.kube.merge_patch("apps/v1", "Deployment", ns, names.rollout_name(name), {"spec": {"replicas": 0}})
-        except KubeError as exc:
-            if exc.status != 404:
-                raise
+    def _scale_rollout_to_zero(self, obj: dict) -> None:
+        """Replicas alone, for a job whose spec became invalid (no manifest to apply): the rollout
+        Deployment and the reward models'."""
+        ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+        for deployment in [names.rollout_name(name), *_reward_deployments(obj)]:
+            try:
+                self.kube.merge_patch("apps/v1", "Deployment", ns, deployment, {"spec": {"replicas": 0}})
+            except KubeError as exc:
+                if exc.status != 404:
+                    raise
 
     def _event(self, obj: dict, type_: str, reason: str, message: str) -> None:
         log.log(logging.WARNING if type_ == "Warning" else logging.INFO, "%s/%s: %s: %s",
@@ -355,6 +365,17 @@ class Reconciler:
         return lifecycle.DEFAULT_PROGRESS_HINT
 
 
+# The conditions that say why a job isn't simply running, most telling first.
+_REASON_CONDITIONS = ("Failed", "Invalid", "SecretMissing", "PodsPending", "Queued", "Suspended", "TrainerFailed",
+                      "ProgressUnreadable")
+
+
+def _reason(status: GRPOJobStatus) -> str | None:
+    """The Reason column: the reason of the first of _REASON_CONDITIONS that holds."""
+    holding = {c.type: c.reason for c in status.conditions if c.status == "True"}
+    return next((holding[t] for t in _REASON_CONDITIONS if holding.get(t)), None)
+
+
 def _owned_by(obj: dict, uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
 
@@ -369,3 +390,19 @@ def _status(obj: dict) -> GRPOJobStatus:
 
 def _dump(status: GRPOJobStatus) -> dict[str, Any]:
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _server_names(job: GRPOJob) -> list[str]:
+    """The names in the job's server certificate: the rollout Service's (the trainer checks the
+    first) and each reward model's Service (the rollout servers dial those by name)."""
+    m = job.metadata
+    return [*names.rollout_dns_names(m.name, m.namespace),
+            *names.reward_dns_names(m.name, m.namespace, [rm.name for rm in job.spec.reward.reward_models])]
+
+
+def _reward_deployments(obj: dict) -> list[str]:
+    """The reward models' Deployments by the names in the API object's spec, read without parsing
+    it (a spec that became invalid still names them; the operator may not list Deployments)."""
+    models = ((obj.get("spec") or {}).get("reward") or {}).get("rewardModels") or []
+    return [names.reward_model_name(obj["metadata"]["name"], m["name"]) for m in models
+            if isinstance(m, dict) and isinstance(m.get("name"), str)]

@@ -317,13 +317,16 @@ def test_progress_the_operator_cannot_read_is_a_condition_not_a_log_line_per_res
     assert [e.reason for e in k.events()].count("ProgressUnreadable") == 1
 
 
-def test_image_pull_error_is_surfaced_and_the_pending_deadline_fails_the_job(k):
+def test_image_pull_error_is_surfaced_and_the_pending_deadline_fails_the_job(k, control_plane, kubectl_bin):
     k.create(**{"runPolicy.pendingDeadlineSeconds": 8})
     for p in k.trainer_pods():
         k.kubelet(p, "Pending", waiting="ErrImagePull")
     eventually(lambda: (c := k.condition("PodsPending")) and c["reason"] == "ErrImagePull" and c,
                what="the pull error in the status")
     assert "pull access denied" in k.condition("PodsPending")["message"]
+    # why it waits, without `describe`: the Reason column (issue 36)
+    wide = table(kubectl(kubectl_bin, control_plane, "-n", k.ns, "get", "gj", "-o", "wide").stdout)
+    assert (wide[0]["PHASE"], wide[0]["REASON"]) == ("Pending", "ErrImagePull"), wide
     assert k.wait_event("ErrImagePull").type == "Warning"
     k.wait_phase("Failed", timeout=30)
     failed = k.condition("Failed")
