@@ -226,14 +226,21 @@ class _Details(grpc.ClientCallDetails):
         self.compression = getattr(base, "compression", None)
 
 
-def rollout_channel(address: str, auth: ClientAuth | str) -> grpc.Channel:
+ROUND_ROBIN = ("grpc.service_config", '{"loadBalancingConfig": [{"round_robin": {}}]}')
+"""For a `dns:///` name of several servers (a reward model's headless Service): calls spread over
+every address it resolves to, and skip one whose connection failed (gRPC's default, pick_first,
+sends everything to one)."""
+
+
+def rollout_channel(address: str, auth: ClientAuth | str, *, round_robin: bool = False) -> grpc.Channel:
     """A channel to one rollout server that sends the token on every call: TLS when `auth` has
     the job's CA, else plaintext (a bare token is plaintext). Close it when done."""
     auth = ClientAuth(auth) if isinstance(auth, str) else auth
+    base = channel_options() + ([ROUND_ROBIN] if round_robin else [])
     if auth.ca is None:
-        channel = grpc.insecure_channel(address, options=channel_options())
+        channel = grpc.insecure_channel(address, options=base)
     else:
-        options = channel_options()
+        options = list(base)
         if auth.server_name:
             options.append(("grpc.ssl_target_name_override", auth.server_name))
         channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=auth.ca), options=options)

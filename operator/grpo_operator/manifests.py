@@ -12,6 +12,9 @@ input always gives the same dict; the reconciler applies them (reconciler.Reconc
     <job>-rollout   Service     headless; the trainer re-resolves it every step
     <job>-rollout   NetworkPolicy  who reaches the rollout pods
     <job>-trainer   NetworkPolicy  who reaches the trainer pods (c10d, NCCL, metrics)
+    <job>-rm-<name> Deployment  a reward model's servers (spec.reward.rewardModels[], `grpo reward`)
+    <job>-rm-<name> Service     headless; the rollout servers dial it (gRPC's dns resolver, round robin)
+    <job>-reward    NetworkPolicy  only the job's rollout pods reach the reward servers' gRPC
     <job>           PodMonitor  when the monitoring.coreos.com CRDs exist
     <job>-trainer   PodGroup    with spec.runPolicy.schedulingPolicy (gang scheduling)
 
@@ -40,7 +43,7 @@ from grpo_api.rpc import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, TLS_SERVER_NAME_
 from grpo_api.spec import GRPOJob, ObjectMeta
 
 from grpo_operator import names
-from grpo_operator.names import GRPC_PORT, MASTER_PORT, METRICS_PORT, ROLLOUT, SPEC_DIR, SPEC_PATH, TRAINER
+from grpo_operator.names import GRPC_PORT, MASTER_PORT, METRICS_PORT, REWARD, ROLLOUT, SPEC_DIR, SPEC_PATH, TRAINER
 from grpo_operator.pki import JobTLS
 from grpo_operator.settings import OperatorSettings
 from grpo_operator.templates import merge_pod_template
@@ -94,10 +97,11 @@ def build_rpc_secret(job: GRPOJob, settings: OperatorSettings, *, token: str, ch
 
 # --- services --------------------------------------------------------------------------------
 
-def _headless(job: GRPOJob, name: str, role: str, ports: list[dict], publish_not_ready: bool) -> dict[str, Any]:
+def _headless(job: GRPOJob, name: str, role: str, ports: list[dict], publish_not_ready: bool,
+              selector: dict[str, str] | None = None) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": _meta(job, name, role),
-            "spec": {"clusterIP": "None", "selector": names.selector(job.metadata.name, role),
+            "spec": {"clusterIP": "None", "selector": selector or names.selector(job.metadata.name, role),
                      "publishNotReadyAddresses": publish_not_ready, "ports": ports}}
 
 
@@ -116,6 +120,17 @@ def build_rollout_service(job: GRPOJob, settings: OperatorSettings) -> dict[str,
         {"name": "grpc", "port": GRPC_PORT, "targetPort": GRPC_PORT, "protocol": "TCP"},
         {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT, "protocol": "TCP"},
     ], publish_not_ready=False)
+
+
+def build_reward_service(job: GRPOJob, settings: OperatorSettings, model: str) -> dict[str, Any]:
+    """One reward model's servers; only ready ones (model loaded) are in DNS."""
+    m = job.metadata
+    service = _headless(job, names.reward_model_name(m.name, model), REWARD, [
+        {"name": "grpc", "port": GRPC_PORT, "targetPort": GRPC_PORT, "protocol": "TCP"},
+        {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT, "protocol": "TCP"},
+    ], publish_not_ready=False, selector=names.reward_selector(m.name, model))
+    service["metadata"]["labels"][names.REWARD_MODEL_LABEL] = model
+    return service
 
 
 # --- pods ------------------------------------------------------------------------------------
@@ -180,7 +195,7 @@ def _resources(base: dict[str, Any], gpus: int, settings: OperatorSettings) -> d
 
 def _pod_template(job: GRPOJob, settings: OperatorSettings, role: str, container: dict[str, Any], *,
                   grace: int, override: dict | None, extra_labels: dict[str, str] | None = None,
-                  **spec: Any) -> dict[str, Any]:
+                  template_field: str | None = None, fetch_model: bool = True, **spec: Any) -> dict[str, Any]:
     pod_security, container_security = _security(settings)
     m = job.metadata
     container = {
@@ -212,10 +227,10 @@ def _pod_template(job: GRPOJob, settings: OperatorSettings, role: str, container
     }
     if settings.image_pull_secrets:
         template["spec"]["imagePullSecrets"] = [{"name": s} for s in settings.image_pull_secrets]
-    fetch = model_cache.needs_fetch(job.spec.model)
+    fetch = fetch_model and model_cache.needs_fetch(job.spec.model)
     if fetch:
         _add_model_cache(job, template)
-    merged = merge_pod_template(template, override, f"spec.{role}.template")
+    merged = merge_pod_template(template, override, template_field or f"spec.{role}.template")
     if fetch:
         merged["spec"]["initContainers"] = [
             _model_init_container(job, merged["spec"]["containers"][0], container_security)]
@@ -358,7 +373,7 @@ def build_rollout_deployment(job: GRPOJob, settings: OperatorSettings, *, replic
         "command": ["grpo"],
         "args": ["rollout", "--spec", SPEC_PATH, "--port", str(GRPC_PORT), "--metrics-port", str(METRICS_PORT),
                  "--worker-id", "$(POD_NAME)"],
-        "env": [*_common_env(job), *_rollout_secrets(job)],
+        "env": [*_common_env(job), *_rollout_secrets(job), *_reward_client_env(job)],
         "ports": [{"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "resources": _resources(settings.rollout_resources, rollout_gpus(job), settings),
@@ -388,6 +403,76 @@ def build_rollout_deployment(job: GRPOJob, settings: OperatorSettings, *, replic
     }}
 
 
+def _reward_client_env(job: GRPOJob) -> list[dict[str, Any]]:
+    """With reward models, the rollout servers call them: where (one dns:/// name per model) and the
+    job's CA to check them by (the name checked is the Service's, which the certificate carries)."""
+    m = job.metadata
+    models = [rm.name for rm in job.spec.reward.reward_models]
+    if not models:
+        return []
+    return [{"name": names.REWARD_ADDRESSES_ENV,
+             "value": ";".join(f"{model}={names.reward_address(m.name, m.namespace, model)}" for model in models)},
+            _from_secret(job, TLS_CA_ENV, names.CA_CERT_KEY)]
+
+
+def build_reward_deployment(job: GRPOJob, settings: OperatorSettings, index: int, *, replicas: int | None = None
+                            ) -> dict[str, Any]:
+    """spec.reward.rewardModels[index]'s servers, `grpo reward` in the rollout image. `replicas`
+    defaults to the model's replicas (0 while the rollout servers are at 0: a finished or queued
+    job holds no GPUs). They get the job's token and TLS certificate, not the checkpoint key nor the
+    storage credentials (they read only their model). With spec.model.cache the cache volume is
+    mounted read-only, so a reward model placed in it is found; the reward model's path is a
+    local folder (nothing to fetch, so no init container)."""
+    m, rm = job.metadata, job.spec.reward.reward_models[index]
+    name = names.reward_model_name(m.name, rm.name)
+    container = {
+        "name": REWARD,
+        "image": settings.rollout_image,
+        "command": ["grpo"],
+        "args": ["reward", "--spec", SPEC_PATH, "--model", rm.name, "--port", str(GRPC_PORT),
+                 "--metrics-port", str(METRICS_PORT)],
+        "env": [_from_secret(job, TOKEN_ENV, names.TOKEN_KEY),
+                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "PYTHONUNBUFFERED", "value": "1"}, *_rollout_secrets(job)],
+        "ports": [{"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        "resources": _resources(settings.rollout_resources, rm.gpus, settings),
+        # As the rollout server's: the gRPC Health RPC needs the token; /ready on the metrics port
+        # answers 200 once the model is loaded and serving.
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": "metrics"},
+                           "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3},
+        "startupProbe": {"httpGet": {"path": "/ready", "port": "metrics"},
+                         "periodSeconds": 10, "timeoutSeconds": 3, "failureThreshold": 360},
+        "livenessProbe": {"httpGet": {"path": "/live", "port": "metrics"},
+                          "periodSeconds": 30, "timeoutSeconds": 5, "failureThreshold": 2},
+    }
+    template = _pod_template(job, settings, REWARD, container, grace=settings.rollout_termination_grace_seconds,
+                             override=rm.template, extra_labels={names.REWARD_MODEL_LABEL: rm.name},
+                             template_field=f"spec.reward.rewardModels[{index}].template", fetch_model=False)
+    cache = job.spec.model.cache
+    if cache:
+        spec = template["spec"]
+        spec["volumes"].append({"name": _MODEL_VOLUME, "persistentVolumeClaim": {"claimName": cache.claim_name}})
+        spec["containers"][0]["volumeMounts"].append(
+            {"name": _MODEL_VOLUME, "mountPath": model_cache.MOUNT_PATH, "readOnly": True})
+    meta = _meta(job, name, REWARD)
+    meta["labels"][names.REWARD_MODEL_LABEL] = rm.name
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": {
+        "replicas": rm.replicas if replicas is None else replicas,
+        "selector": {"matchLabels": names.reward_selector(m.name, rm.name)},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+        "revisionHistoryLimit": 2,
+        "template": template,
+    }}
+
+
+def build_reward_deployments(job: GRPOJob, settings: OperatorSettings, *, rollout_replicas: int
+                             ) -> list[dict[str, Any]]:
+    """Every reward model's Deployment; at zero whenever the rollout servers, their only callers, are."""
+    return [build_reward_deployment(job, settings, i, replicas=None if rollout_replicas else 0)
+            for i in range(len(job.spec.reward.reward_models))]
+
+
 # --- network and monitoring ------------------------------------------------------------------
 
 def build_network_policy(job: GRPOJob, settings: OperatorSettings) -> dict[str, Any]:
@@ -408,6 +493,19 @@ def build_network_policy(job: GRPOJob, settings: OperatorSettings) -> dict[str, 
             "metadata": _meta(job, names.rollout_name(m.name), ROLLOUT),
             "spec": {"podSelector": {"matchLabels": names.selector(m.name, ROLLOUT)},
                      "policyTypes": ["Ingress"], "ingress": ingress}}
+
+
+def build_reward_network_policy(job: GRPOJob, settings: OperatorSettings) -> dict[str, Any]:
+    """Ingress to the reward pods: gRPC only from this job's rollout pods (the trainer never calls
+    them), the metrics port from the scrapers."""
+    m = job.metadata
+    reward = {"matchLabels": names.selector(m.name, REWARD)}
+    rollout = {"podSelector": {"matchLabels": names.selector(m.name, ROLLOUT)}}
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _meta(job, f"{m.name}-reward", REWARD),
+            "spec": {"podSelector": reward, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [rollout], "ports": [{"protocol": "TCP", "port": GRPC_PORT}]},
+                                 {"from": [_scrapers(settings)], "ports": [{"protocol": "TCP", "port": METRICS_PORT}]}]}}
 
 
 def build_trainer_network_policy(job: GRPOJob, settings: OperatorSettings) -> dict[str, Any]:
@@ -467,9 +565,12 @@ def build_children(job: GRPOJob, settings: OperatorSettings, *, pod_monitor: boo
     is created once; not the trainer Job and rollout Deployment, whose life the lifecycle
     decides). Raises TemplateError for a refused pod template, before anything is created."""
     children = [build_config_map(job, settings), build_trainer_service(job, settings),
-                build_rollout_service(job, settings)]
+                build_rollout_service(job, settings),
+                *(build_reward_service(job, settings, rm.name) for rm in job.spec.reward.reward_models)]
     if settings.network_policy:
         children += [build_network_policy(job, settings), build_trainer_network_policy(job, settings)]
+        if job.spec.reward.reward_models:
+            children.append(build_reward_network_policy(job, settings))
     if pod_monitor:
         children.append(build_pod_monitor(job, settings))
     if job.spec.run_policy.scheduling_policy is not None:

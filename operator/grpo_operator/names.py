@@ -7,6 +7,7 @@ selector finds all of a job's objects, and `grpo.dev/role` tells trainer from ro
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from grpo_api.spec import API_GROUP, API_VERSION, KIND, GRPOJob
@@ -18,7 +19,12 @@ ATTEMPT_LABEL = "grpo.dev/attempt"
 """On the trainer Job and its pods: the restart count the Job was created at, so a failure is
 counted once even when the operator dies between counting it and replacing the Job."""
 
-TRAINER, ROLLOUT = "trainer", "rollout"
+TRAINER, ROLLOUT, REWARD = "trainer", "rollout", "reward"
+REWARD_MODEL_LABEL = "grpo.dev/reward-model"
+"""On a reward model's Deployment, Service and pods: spec.reward.rewardModels[].name."""
+REWARD_ADDRESSES_ENV = "GRPO_REWARD_ADDRESSES"
+"""The rollout servers' list of reward servers (grpo_rollout.reward_client.ADDRESSES_ENV; the
+operator doesn't import the rollout package)."""
 
 KUEUE_LABELS = ("kueue.x-k8s.io/queue-name", "kueue.x-k8s.io/priority-class")
 """Kueue's labels, passed from the GRPOJob to its trainer Job as Kueue's own integrations pass
@@ -82,6 +88,36 @@ def rollout_dns_names(job: str, namespace: str) -> list[str]:
     service = rollout_name(job)
     return [f"{service}.{namespace}.svc", service, f"{service}.{namespace}",
             f"{service}.{namespace}.svc.cluster.local"]
+
+
+def reward_model_name(job: str, model: str) -> str:
+    """A reward model's Deployment and headless Service, `<job>-rm-<model>`. A Service name is one
+    DNS label (<= 63): a longer one keeps its start and ends in a hash of the whole."""
+    name = f"{job}-rm-{model}"
+    if len(name) <= 63:
+        return name
+    return f"{name[:54].rstrip('-')}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+def reward_address(job: str, namespace: str, model: str) -> str:
+    """What a rollout server dials: the headless Service, resolved by gRPC's dns resolver to every
+    ready replica (round robin across them; a dead one leaves DNS when its readiness fails)."""
+    return f"dns:///{reward_model_name(job, model)}.{namespace}.svc:{GRPC_PORT}"
+
+
+def reward_dns_names(job: str, namespace: str, models: list[str]) -> list[str]:
+    """The reward Services' names in the job's certificate: the rollout servers check the name
+    they dial (`<service>.<namespace>.svc`), with the short forms as for the rollout Service."""
+    out = []
+    for model in models:
+        service = reward_model_name(job, model)
+        out += [f"{service}.{namespace}.svc", service, f"{service}.{namespace}",
+                f"{service}.{namespace}.svc.cluster.local"]
+    return out
+
+
+def reward_selector(job: str, model: str) -> dict[str, str]:
+    return {**selector(job, REWARD), REWARD_MODEL_LABEL: model}
 
 
 def labels(job: str, component: str) -> dict[str, str]:

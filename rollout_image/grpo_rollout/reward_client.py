@@ -74,7 +74,8 @@ class RewardModelClient:
 
     def _stub(self, address: str) -> pb_grpc.RewardStub:
         if address not in self._channels:
-            self._channels[address] = rollout_channel(address, self._auth)
+            # A dns:/// name (the operator's headless Service) spreads calls over its replicas.
+            self._channels[address] = rollout_channel(address, self._auth, round_robin=address.startswith("dns:"))
         return pb_grpc.RewardStub(self._channels[address])
 
     def _forget(self, address: str) -> None:

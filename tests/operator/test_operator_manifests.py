@@ -12,6 +12,7 @@ from grpo_operator import manifests, names
 from grpo_operator.pki import JobTLS
 from grpo_operator.settings import OperatorSettings
 from operator_helpers import UID, job
+from operator_helpers import body as operator_body
 
 GOLDEN = Path(__file__).parent / "golden" / "children.yaml"
 S = OperatorSettings()
@@ -362,3 +363,110 @@ def test_missing_uid_is_an_error():
     from operator_helpers import body
     with pytest.raises(ValueError, match="metadata.uid"):
         manifests.build_config_map(parse_job(body()), S)
+
+
+# --- reward models (issue 31) ----------------------------------------------------------------
+
+REWARD_MODELS = [{"name": "skywork", "path": "/models/skywork-rm", "replicas": 2, "gpus": 1},
+                 {"name": "judge", "kind": "judge", "path": "/models/judge", "gpus": 0, "engine": "hf",
+                  "promptTemplate": "Q: {prompt} A: {response} score?",
+                  "template": {"spec": {"nodeSelector": {"pool": "rm"}}}}]
+
+
+def reward_job(**changes):
+    return job(**{"reward.rewardModels": REWARD_MODELS, **changes})
+
+
+def _env(container):
+    return {e["name"]: e for e in container["env"]}
+
+
+def test_each_reward_model_gets_a_deployment_and_a_headless_service():
+    j = reward_job()
+    services = {c["metadata"]["name"]: c for c in manifests.build_children(j, S, pod_monitor=False)
+                if c["kind"] == "Service"}
+    for model in ("skywork", "judge"):
+        svc = services[f"demo-rm-{model}"]
+        assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is False
+        assert svc["spec"]["selector"] == {"grpo.dev/job": "demo", "grpo.dev/role": "reward",
+                                           "grpo.dev/reward-model": model}
+    sky, judge = manifests.build_reward_deployments(j, S, rollout_replicas=1)
+    assert sky["metadata"]["name"] == "demo-rm-skywork" and sky["spec"]["replicas"] == 2
+    assert sky["spec"]["selector"]["matchLabels"] == services["demo-rm-skywork"]["spec"]["selector"]
+    pod = sky["spec"]["template"]
+    assert pod["metadata"]["labels"]["grpo.dev/reward-model"] == "skywork"
+    (c,) = pod["spec"]["containers"]
+    assert c["image"] == S.rollout_image
+    assert c["args"] == ["reward", "--spec", "/etc/grpo/job.yaml", "--model", "skywork", "--port", "50051",
+                         "--metrics-port", "9090"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "metrics"}
+    assert c["startupProbe"]["httpGet"]["path"] == "/ready" and c["livenessProbe"]["httpGet"]["path"] == "/live"
+    # The job's token and server certificate, never the checkpoint key or the storage credentials.
+    env = _env(c)
+    assert {k: env[k]["valueFrom"]["secretKeyRef"] for k in ("GRPO_RPC_TOKEN", "GRPO_TLS_CERT", "GRPO_TLS_KEY")} == {
+        "GRPO_RPC_TOKEN": {"name": "demo-rpc", "key": "token"},
+        "GRPO_TLS_CERT": {"name": "demo-rpc", "key": "tls.crt"}, "GRPO_TLS_KEY": {"name": "demo-rpc", "key": "tls.key"}}
+    assert "GRPO_CHECKPOINT_KEY" not in env and not any(k.startswith("AWS_") for k in env)
+    # A CPU judge gets no GPU, and its own template override.
+    (jc,) = judge["spec"]["template"]["spec"]["containers"]
+    assert judge["spec"]["replicas"] == 1 and "nvidia.com/gpu" not in jc["resources"].get("limits", {})
+    assert judge["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "rm"}
+    assert "nodeSelector" not in pod["spec"]
+
+
+def test_reward_servers_are_at_zero_while_the_rollout_servers_are():
+    assert [d["spec"]["replicas"] for d in manifests.build_reward_deployments(reward_job(), S, rollout_replicas=0)] == [0, 0]
+
+
+def test_the_rollout_servers_get_the_reward_services_and_the_ca():
+    env = _env(manifests.build_rollout_deployment(reward_job(), S)["spec"]["template"]["spec"]["containers"][0])
+    assert env["GRPO_REWARD_ADDRESSES"]["value"] == (
+        "skywork=dns:///demo-rm-skywork.team-a.svc:50051;judge=dns:///demo-rm-judge.team-a.svc:50051")
+    assert env["GRPO_TLS_CA"]["valueFrom"]["secretKeyRef"] == {"name": "demo-rpc", "key": "ca.crt"}
+    # What the rollout server parses, and the name the certificate carries.
+    from grpo_rollout.reward_client import ADDRESSES_ENV, parse_addresses
+    assert ADDRESSES_ENV == names.REWARD_ADDRESSES_ENV
+    assert parse_addresses(env[ADDRESSES_ENV]["value"])["skywork"] == ["dns:///demo-rm-skywork.team-a.svc:50051"]
+    assert "demo-rm-skywork.team-a.svc" in names.reward_dns_names("demo", "team-a", ["skywork"])
+    # Without reward models the rollout pods get neither.
+    plain = _env(manifests.build_rollout_deployment(job(), S)["spec"]["template"]["spec"]["containers"][0])
+    assert "GRPO_REWARD_ADDRESSES" not in plain and "GRPO_TLS_CA" not in plain
+
+
+def test_only_the_jobs_rollout_pods_reach_the_reward_servers():
+    policies = {c["metadata"]["name"]: c for c in manifests.build_children(reward_job(), S, pod_monitor=False)
+                if c["kind"] == "NetworkPolicy"}
+    spec = policies["demo-reward"]["spec"]
+    assert spec["podSelector"] == {"matchLabels": {"grpo.dev/job": "demo", "grpo.dev/role": "reward"}}
+    grpc, metrics = spec["ingress"]
+    assert grpc == {"from": [{"podSelector": {"matchLabels": {"grpo.dev/job": "demo", "grpo.dev/role": "rollout"}}}],
+                    "ports": [{"protocol": "TCP", "port": 50051}]}
+    assert metrics["ports"] == [{"protocol": "TCP", "port": 9090}]
+    assert "demo-reward" not in {c["metadata"]["name"] for c in manifests.build_children(job(), S, pod_monitor=False)}
+
+
+def test_a_reward_model_with_a_model_cache_mounts_it_read_only_and_fetches_nothing():
+    j = reward_job(**{"model.cache": {"claimName": "models"}})
+    pod = manifests.build_reward_deployments(j, S, rollout_replicas=1)[0]["spec"]["template"]["spec"]
+    assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "models"}} in pod["volumes"]
+    assert {"name": "model-cache", "mountPath": "/model-cache", "readOnly": True} in pod["containers"][0]["volumeMounts"]
+    assert "initContainers" not in pod        # the policy's fetch is the rollout pods' business
+
+
+def test_a_refused_reward_template_names_its_field():
+    from grpo_operator.templates import TemplateError
+    from grpo_operator.validation import parse_grpojob
+    bad = [{**REWARD_MODELS[0], "template": {"spec": {"hostNetwork": True}}}]
+    doc = operator_body(**{"reward.rewardModels": bad})
+    doc["metadata"]["uid"] = UID
+    assert parse_grpojob(doc, S)[1] and all(e.startswith("spec.reward.rewardModels[0].template")
+                                            for e in parse_grpojob(doc, S)[1])
+    with pytest.raises(TemplateError):
+        manifests.build_reward_deployments(job(**{"reward.rewardModels": bad}), S, rollout_replicas=1)
+
+
+def test_long_reward_service_names_stay_one_dns_label():
+    name = names.reward_model_name("j" * 50, "m" * 40)
+    assert len(name) <= 63 and name.startswith("j" * 50 + "-rm-")
+    assert name == names.reward_model_name("j" * 50, "m" * 40) != names.reward_model_name("j" * 50, "m" * 39 + "n")

@@ -140,8 +140,8 @@ def test_reward_model_off_is_quiet():
     assert not t.errors and not t.job.spec.reward.reward_models
 
 
-def test_kubernetes_refuses_reward_models_until_the_operator_serves_them():
+def test_kubernetes_accepts_reward_models():
+    """The operator serves them (a Deployment and Service per model): no Kubernetes-only rule refuses them."""
     from grpo_api.spec import KUBERNETES_RULES
     spec = parse_job(job({"rewardModels": [{"name": "rm", "path": "/rm"}]})).spec
-    errors = [e for rule in KUBERNETES_RULES if (e := rule.check(spec))]
-    assert any(e.startswith("spec.reward.rewardModels: reward servers are started by `grpo run` only") for e in errors)
+    assert not [e for rule in KUBERNETES_RULES if (e := rule.check(spec)) and "rewardModels" in e]
