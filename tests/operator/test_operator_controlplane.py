@@ -573,3 +573,82 @@ def test_namespaced_operator_needs_only_roles(k, operator, control_plane, kubect
     finally:
         scoped.kill(signal.SIGKILL)
         operator.start()
+
+
+# --- reward models (issue 31) ----------------------------------------------------------------
+
+REWARD_MODELS = [{"name": "skywork", "path": "/models/skywork-rm", "replicas": 2, "gpus": 1},
+                 {"name": "judge", "kind": "judge", "path": "/models/judge", "gpus": 0, "engine": "hf",
+                  "promptTemplate": "Q: {prompt} A: {response} score?"}]
+
+
+def test_reward_models_are_served_by_their_own_deployments_and_stop_with_the_job(k):
+    """The API server admits rewardModels; each gets an owned Deployment and headless Service, only
+    the rollout pods reach them, the rollout servers are told where they are, the certificate names
+    them, and a succeeded job scales them to zero with the rollout."""
+    uid = k.create(**{"reward.rewardModels": REWARD_MODELS})["metadata"]["uid"]
+    rm = {m: eventually(lambda m=m: _read(k.apps.read_namespaced_deployment, f"demo-rm-{m}", k.ns),
+                        what=f"the {m} Deployment") for m in ("skywork", "judge")}
+    for model, deployment in rm.items():
+        (ref,) = deployment.metadata.owner_references
+        assert ref.uid == uid and ref.controller is True
+        svc = k.core.read_namespaced_service(f"demo-rm-{model}", k.ns)
+        assert svc.spec.cluster_ip == "None" and svc.spec.selector["grpo.dev/reward-model"] == model
+        assert svc.metadata.owner_references[0].uid == uid
+    assert rm["skywork"].spec.replicas == 2 and rm["judge"].spec.replicas == 1
+    # The ReplicaSet controller makes the reward pods from the operator's template.
+    pods = eventually(lambda: (ps := k.pods("demo", "reward")) and len(ps) == 3 and ps, what="3 reward pods")
+    sky = next(p for p in pods if p.metadata.labels["grpo.dev/reward-model"] == "skywork").spec.containers[0]
+    assert sky.args[:5] == ["reward", "--spec", "/etc/grpo/job.yaml", "--model", "skywork"]
+    assert sky.resources.limits["nvidia.com/gpu"] == "1"
+    assert sky.readiness_probe.http_get.path == "/ready" and sky.liveness_probe.http_get.path == "/live"
+    secret_env = {e.name: e.value_from.secret_key_ref.key for e in sky.env if e.value_from and e.value_from.secret_key_ref}
+    assert secret_env == {"GRPO_RPC_TOKEN": "token", "GRPO_TLS_CERT": "tls.crt", "GRPO_TLS_KEY": "tls.key"}
+    # Only this job's rollout pods reach their gRPC port.
+    policy = k.net.read_namespaced_network_policy("demo-reward", k.ns).spec
+    assert policy.pod_selector.match_labels == {"grpo.dev/job": "demo", "grpo.dev/role": "reward"}
+    assert [p.pod_selector.match_labels for p in policy.ingress[0]._from] == [{"grpo.dev/job": "demo",
+                                                                               "grpo.dev/role": "rollout"}]
+    assert [p.port for p in policy.ingress[0].ports] == [50051]
+    # The rollout servers get every model's Service and the CA to check it by ...
+    rollout_env = {e.name: e for e in k.deployment().spec.template.spec.containers[0].env}
+    assert rollout_env["GRPO_REWARD_ADDRESSES"].value == (
+        f"skywork=dns:///demo-rm-skywork.{k.ns}.svc:50051;judge=dns:///demo-rm-judge.{k.ns}.svc:50051")
+    assert rollout_env["GRPO_TLS_CA"].value_from.secret_key_ref.key == "ca.crt"
+    # ... and the job's certificate carries those names.
+    from cryptography import x509
+    cert = x509.load_pem_x509_certificate(base64.b64decode(k.core.read_namespaced_secret("demo-rpc", k.ns).data["tls.crt"]))
+    dns = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert {f"demo-rm-skywork.{k.ns}.svc", f"demo-rm-judge.{k.ns}.svc", f"demo-rollout.{k.ns}.svc"} <= set(dns)
+
+    k.run_all()
+    for p in pods:
+        k.kubelet(p, "Running")
+    k.wait_phase("Running")
+    for p in k.trainer_pods():
+        k.kubelet(p, "Succeeded", exit_code=0)
+    k.wait_phase("Succeeded")
+    eventually(lambda: all(k.apps.read_namespaced_deployment(f"demo-rm-{m}", k.ns).spec.replicas == 0
+                           for m in ("skywork", "judge")), what="the reward models scaled to zero")
+    assert k.deployment().spec.replicas == 0
+
+
+def test_suspend_removes_the_reward_deployments_and_resume_recreates_them(k):
+    k.create(**{"reward.rewardModels": REWARD_MODELS[:1]})
+    eventually(lambda: _read(k.apps.read_namespaced_deployment, "demo-rm-skywork", k.ns), what="the reward Deployment")
+    k.patch_spec("demo", {"runPolicy": {"suspend": True}})
+    k.wait_phase("Suspended")
+    eventually(lambda: _read(k.apps.read_namespaced_deployment, "demo-rm-skywork", k.ns) is None,
+               what="the reward Deployment removed")
+    k.patch_spec("demo", {"runPolicy": {"suspend": False}})
+    d = eventually(lambda: _read(k.apps.read_namespaced_deployment, "demo-rm-skywork", k.ns), what="recreated")
+    assert d.spec.replicas == 2
+
+
+def _read(read, name, ns):
+    try:
+        return read(name, ns)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
