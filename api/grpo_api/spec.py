@@ -380,7 +380,7 @@ class RolloutSpec(_Model):
     engine: Literal["vllm", "hf"] = "vllm"
     """Generation engine: vllm (GPU, production) or hf (transformers; CPU, dev, tests) (verl: rollout.name)."""
     n: int = Field(default=5, ge=1)
-    """Samples per prompt, the GRPO group size (verl: rollout.n)."""
+    """Samples per prompt, the GRPO group size (verl: rollout.n). Quote the key in YAML, `"n": 8`: kubectl reads YAML 1.1, where a bare `n` is the boolean false."""
     replicas: int = Field(default=1, ge=0)
     """Rollout servers; may change while the job runs."""
     tensor_parallel_size: int = Field(default=1, ge=1)

@@ -118,3 +118,6 @@ def test_a_bare_n_key_is_caught_by_grpo_validate_as_kubectl_would_refuse_it(grpo
     quoted = subprocess.run([sys.executable, "-m", "grpo_api.cli", "validate", str(path)], capture_output=True,
                             text=True, timeout=60)
     assert quoted.returncode == 0, quoted.stderr
+    explain = _kubectl(kubectl_bin, control_plane, "explain", "grpojob.spec.rollout.n")
+    assert explain.returncode == 0 and 'Quote the key in YAML, `"n": 8`' in " ".join(explain.stdout.split()), \
+        explain.stdout
