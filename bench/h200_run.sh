@@ -92,6 +92,9 @@ for phase in $PHASES; do
     step-8b-lora) RUN_W=$W-8b run step-8b-lora 420 200 step --engine vllm --max-staleness 1 --max-tokens 16384 --warmup 1 \
                     --steps 2 --gpu-memory-utilization 0.3 --label 8b-lora-r64 --set model.lora.rank=64 \
                     --set model.lora.alpha=128 --set trainer.lr=1e-5 $extra ;;
+    # Issue 32: the agent loop's tests (token-in/token-out, masks, turn limits) on vLLM.
+    agent-loop-vllm) echo "=== agent-loop-vllm"; GRPO_TEST_ENGINE=vllm timeout -k 10 "$(phase_timeout 240)" \
+                    $PY -m pytest -q -p no:cacheprovider tests/rollout/test_agent_loop.py 2>&1 | tail -40 ;;
     vllm-check)   SCRIPT=bench/vllm_check.py run vllm-check 330 150 $extra ;;
     trl-vllm)     run trl-vllm 280 150 trl --vllm --warmup 1 --steps 2 $extra ;;
     # Issue 20, two GPUs (bench/x2_bench.py): the link, the nccl weight path and its abort, FSDP2

@@ -2,6 +2,7 @@
 response mask, turn limits, and tools that fail without failing the rollout."""
 
 import json
+import os
 
 import pytest
 
@@ -19,7 +20,13 @@ MAX_LEN = 24
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    return HFEngine(tool_task.build_model(tmp_path_factory.mktemp("lookup-model")))
+    """hf here; GRPO_TEST_ENGINE=vllm runs the same tests on vLLM (on a GPU: bench/h200_run.sh
+    agent-loop-vllm), whose path continues from token ids too (TokensPrompt)."""
+    model = tool_task.build_model(tmp_path_factory.mktemp("lookup-model"))
+    if os.environ.get("GRPO_TEST_ENGINE") == "vllm":
+        from grpo_rollout.vllm_engine import VLLMEngine
+        return VLLMEngine(str(model), dtype="float32", seed=0, gpu_memory_utilization=0.2, enforce_eager=True)
+    return HFEngine(model)
 
 
 class RecordingEngine:
