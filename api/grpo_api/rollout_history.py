@@ -1,0 +1,170 @@
+"""A run's rollout history read back from its object storage (`grpo rollouts export`, issue 35).
+
+Every training step keeps its rollout shards under `<run>/rollouts/step-N/` (records.py). Only
+accepted shards count, by the dispatcher's rule (grpo_trainer.rollout_client): a shard is tried
+again, as `<shard>-attempt-<K+1>`, only after attempt K failed, and a failed attempt may still
+write its file late; so of each shard the highest attempt is the one the trainer read. A step
+counts once the trainer has trained it (progress.json's `step`): the shards of a step still in
+progress may be a failed attempt whose retry is under way, so they are skipped, never an error.
+
+Reads one shard at a time (bounded memory). No torch or transformers here: the command that
+decodes the ids lives in grpo_trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from grpo_api.records import ROLLOUT_OPTIONAL, ROLLOUT_SCHEMA, RunLayout
+from grpo_api.storage import Storage
+
+# train-shard-000-attempt-2.parquet; dynamic sampling's extra rounds are train-r0-shard-...;
+# validation's shards (val0-...) are not training history.
+_TRAIN_SHARD = re.compile(r"^(?P<shard>train(-r\d+)?-.+)-attempt-(?P<attempt>\d+)\.parquet$")
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+EXPORT_SCHEMA = pa.schema([
+    ("step", pa.int64()),
+    ("shard", pa.string()),
+    *[ROLLOUT_SCHEMA.field(name) for name in ("uid", "prompt_index", "sample_index", "data_source", "reward",
+                                               "reward_extra", "policy_version", "finish_reason", "worker",
+                                               "ground_truth")],
+    ("prompt_length", pa.int64()),
+    ("response_length", pa.int64()),
+    *[ROLLOUT_SCHEMA.field(name) for name in ("prompt_ids", "response_ids", "response_logprobs",
+                                               *ROLLOUT_OPTIONAL)],
+])
+"""One row per sample. `grpo rollouts export` adds prompt_text and response_text after it."""
+
+
+class RunNotFound(ValueError):
+    """RUN names no run (nothing of a run's files under it)."""
+
+
+def run_uri(run: str) -> str:
+    """A run URI (file://, s3://, as status.runUri shows it) or a local folder, as a URI."""
+    run = run.strip().rstrip("/")
+    if not run:
+        raise RunNotFound("RUN is empty")
+    return run if "://" in run else f"file://{Path(run).absolute()}"
+
+
+@dataclass
+class Filters:
+    """Inclusive bounds; None: no bound."""
+    first_step: int | None = None
+    last_step: int | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+    data_sources: list[str] = field(default_factory=list)
+    min_length: int | None = None      # response tokens
+    max_length: int | None = None
+
+    def wants_step(self, step: int) -> bool:
+        return (self.first_step is None or step >= self.first_step) and (self.last_step is None or step <= self.last_step)
+
+    def mask(self, table: pa.Table) -> pa.ChunkedArray | None:
+        conditions = []
+        if self.min_reward is not None:
+            conditions.append(pc.greater_equal(table["reward"], self.min_reward))
+        if self.max_reward is not None:
+            conditions.append(pc.less_equal(table["reward"], self.max_reward))
+        if self.data_sources:
+            conditions.append(pc.is_in(table["data_source"], value_set=pa.array(self.data_sources)))
+        if self.min_length is not None:
+            conditions.append(pc.greater_equal(table["response_length"], self.min_length))
+        if self.max_length is not None:
+            conditions.append(pc.less_equal(table["response_length"], self.max_length))
+        if not conditions:
+            return None
+        out = conditions[0]
+        for c in conditions[1:]:
+            out = pc.and_(out, c)
+        return pc.fill_null(out, False)
+
+
+def parse_steps(text: str) -> tuple[int | None, int | None]:
+    """`A:B` (both inclusive), `A:`, `:B` or `N`."""
+    first, sep, last = text.partition(":")
+    try:
+        a = int(first) if first.strip() else None
+        b = (int(last) if last.strip() else None) if sep else a
+    except ValueError:
+        raise ValueError(f"--steps: {text!r} is not A:B, A:, :B or N (step numbers)") from None
+    if a is not None and b is not None and a > b:
+        raise ValueError(f"--steps: {text!r}: the first step is after the last")
+    return a, b
+
+
+class RolloutHistory:
+    def __init__(self, run: str, storage: Storage):
+        self.layout, self.storage = RunLayout(run_uri(run)), storage
+        root = self.layout.root
+        if not storage.exists(self.layout.progress) and not storage.exists(f"{root}/rollouts"):
+            raise RunNotFound(f"{root}: not a run (neither progress.json nor rollouts/ under it)")
+
+    def trained_step(self) -> int:
+        """The last step the trainer trained (0: none yet)."""
+        try:
+            progress = json.loads(self.storage.read_bytes(self.layout.progress))
+        except FileNotFoundError:
+            return 0
+        return int(progress.get("step") or 0)
+
+    def steps(self) -> list[int]:
+        """Steps with a rollouts folder, in order."""
+        steps = []
+        for uri in self.storage.list(f"{self.layout.root}/rollouts"):
+            m = _STEP_DIR.match(uri.rsplit("/", 1)[-1])
+            if m:
+                steps.append(int(m.group(1)))
+        return sorted(steps)
+
+    def accepted_shards(self, step: int) -> dict[str, str]:
+        """{shard: URI} of the step's accepted training shards (each shard's highest attempt)."""
+        best: dict[str, tuple[int, str]] = {}
+        for uri in self.storage.list(self.layout.step_dir("rollouts", step)):
+            m = _TRAIN_SHARD.match(uri.rsplit("/", 1)[-1])
+            if m and (m["shard"] not in best or int(m["attempt"]) > best[m["shard"]][0]):
+                best[m["shard"]] = (int(m["attempt"]), uri)
+        return {shard: uri for shard, (_, uri) in sorted(best.items())}
+
+    def tables(self, filters: Filters, skipped: list[int] | None = None) -> Iterator[pa.Table]:
+        """The accepted shards' samples that pass `filters`, one table (EXPORT_SCHEMA) per shard,
+        step by step. Steps not trained yet are appended to `skipped`."""
+        trained = self.trained_step()
+        for step in self.steps():
+            if not filters.wants_step(step):
+                continue
+            if step > trained:
+                if skipped is not None:
+                    skipped.append(step)
+                continue
+            for shard, uri in self.accepted_shards(step).items():
+                table = export_table(self.storage.read_table(uri), step, shard)
+                mask = filters.mask(table)
+                yield table if mask is None else table.filter(mask)
+
+
+def export_table(shard: pa.Table, step: int, shard_name: str) -> pa.Table:
+    """A rollout shard as EXPORT_SCHEMA rows (the optional columns null where the shard has none)."""
+    n = shard.num_rows
+    columns = {"step": pa.array([step] * n, pa.int64()), "shard": pa.array([shard_name] * n, pa.string()),
+               "prompt_length": pc.list_value_length(shard["prompt_ids"]).cast(pa.int64()),
+               "response_length": pc.list_value_length(shard["response_ids"]).cast(pa.int64())}
+    arrays = []
+    for f in EXPORT_SCHEMA:
+        if f.name in columns:
+            arrays.append(columns[f.name])
+        elif f.name in shard.column_names:
+            arrays.append(shard[f.name].cast(f.type))
+        else:
+            arrays.append(pa.nulls(n, f.type))
+    return pa.Table.from_arrays(arrays, schema=EXPORT_SCHEMA)
