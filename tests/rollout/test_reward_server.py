@@ -120,6 +120,19 @@ def test_served_classifier_scores_equal_a_direct_forward(tmp_path, tiny_model, t
     assert len(set(round(s, 6) for s in got)) > 20     # a random RM still tells texts apart
 
 
+def test_a_dns_name_as_the_operator_passes_it_scores_the_same(tmp_path, tiny_model, tiny_rm, servers):
+    """On Kubernetes a model's address is its headless Service, `dns:///name:port`, dialled with
+    round robin over what it resolves to (names.reward_address): the same scores as host:port."""
+    job = _job(tmp_path, tiny_model, [{"name": "rm", "path": str(tiny_rm)}])
+    server = servers(job, "rm")
+    spec = load_job(job).spec.reward.reward_models[0]
+    items = _items(6)
+    port = server.address.rsplit(":", 1)[1]
+    by_name = RewardModelClient(spec, [f"dns:///localhost:{port}"], "t0ken").score("r", items)
+    by_ip = RewardModelClient(spec, [server.address], "t0ken").score("r", items)
+    assert [s.score for s in by_name] == pytest.approx([s.score for s in by_ip], abs=1e-6)
+
+
 def test_a_wrong_token_is_refused(tmp_path, tiny_model, tiny_rm, servers):
     job = _job(tmp_path, tiny_model, [{"name": "rm", "path": str(tiny_rm)}])
     server = servers(job, "rm")
