@@ -68,7 +68,8 @@ class Filters:
     max_length: int | None = None
 
     def wants_step(self, step: int) -> bool:
-        return (self.first_step is None or step >= self.first_step) and (self.last_step is None or step <= self.last_step)
+        return ((self.first_step is None or step >= self.first_step)
+                and (self.last_step is None or step <= self.last_step))
 
     def mask(self, table: pa.Table) -> pa.ChunkedArray | None:
         conditions = []

@@ -178,7 +178,8 @@ def test_export_from_s3(finished_run, s3_server, tmp_path):
                 out.write(f.read_bytes())
     out = tmp_path / "s3.parquet"
     res = subprocess.run([*grpo_cli(), "rollouts", "export", f"s3://{prefix}", "--endpoint", s3_server.endpoint,
-                          "-o", str(out)], capture_output=True, text=True, env=child_env(**s3_server.env()), timeout=300)
+                          "-o", str(out)], capture_output=True, text=True, env=child_env(**s3_server.env()),
+                         timeout=300)
     assert res.returncode == 0, res.stderr
     local = tmp_path / "local.parquet"
     assert export(finished_run, "-o", local).returncode == 0
