@@ -633,6 +633,19 @@ def test_reward_models_are_served_by_their_own_deployments_and_stop_with_the_job
     assert k.deployment().spec.replicas == 0
 
 
+def test_a_reward_pod_that_cannot_start_is_in_the_status_and_kubectl_get(k, control_plane, kubectl_bin):
+    """A reward server whose image can't be pulled holds the job Pending with the pod named, as a
+    trainer or rollout pod would (the pods view covers every pod of the job)."""
+    k.create(**{"reward.rewardModels": REWARD_MODELS[:1]})
+    (pod, *_) = eventually(lambda: k.pods("demo", "reward"), what="a reward pod")
+    k.kubelet(pod, "Pending", waiting="ErrImagePull")
+    c = eventually(lambda: (c := k.condition("PodsPending")) and c["reason"] == "ErrImagePull" and c,
+                   what="the reward pod's pull error in the status")
+    assert pod.metadata.name in c["message"]
+    wide = table(kubectl(kubectl_bin, control_plane, "-n", k.ns, "get", "gj", "-o", "wide").stdout)
+    assert (wide[0]["PHASE"], wide[0]["REASON"]) == ("Pending", "ErrImagePull"), wide
+
+
 def test_suspend_removes_the_reward_deployments_and_resume_recreates_them(k):
     k.create(**{"reward.rewardModels": REWARD_MODELS[:1]})
     eventually(lambda: _read(k.apps.read_namespaced_deployment, "demo-rm-skywork", k.ns), what="the reward Deployment")
