@@ -168,6 +168,24 @@ def test_a_bad_run_is_one_error_line(tmp_path, finished_run):
     assert not (tmp_path / "x.parquet").exists()
 
 
+def test_the_tokenizer_comes_from_the_runs_job_file_else_is_asked_for(run, tiny_model, tmp_path):
+    shutil.rmtree(run / "checkpoints")
+    out = tmp_path / "x.jsonl"
+    res = export(run, "-o", out, "--steps", "1")
+    assert res.returncode == 2 and "records no model" in res.stderr and "--tokenizer" in res.stderr, res.stderr
+    assert not out.exists()
+    # `grpo run` keeps the resolved job in <run>/job.yaml.
+    (run / "job.yaml").write_text(json.dumps({"spec": {"model": {"path": str(tiny_model)}}}))
+    res = export(run, "-o", out, "--steps", "1")
+    assert res.returncode == 0, res.stderr
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    rows = exported(out)
+    assert len(rows) == BATCH * N and all(r["response_text"] == tok.decode(r["response_ids"]) for r in rows)
+    res = export(run, "-o", out, "--steps", "1", "--tokenizer", tiny_model)
+    assert res.returncode == 0 and [r["prompt_text"] for r in exported(out)] == [r["prompt_text"] for r in rows]
+
+
 def test_export_from_s3(finished_run, s3_server, tmp_path):
     fs = s3_server.filesystem()
     prefix = f"{s3_server.bucket}/ns/export/uid-1"
