@@ -4,7 +4,7 @@ rollout` servers, file:// storage, the tiny model; then the same run's files in 
 - one row per sample of the accepted shards only (a late orphaned attempt is left out), with the
   ids and rewards the shards hold and the text the tokenizer decodes from the ids;
 - the filters select what a hand filter of the full export selects;
-- parquet and JSONL both load (pyarrow and json: Hugging Face `datasets` is not installed here);
+- parquet and JSONL both load (pyarrow and json; Hugging Face `datasets` too where installed);
 - a step still in progress (not trained, a half-written shard) is skipped without error;
 - a bad RUN is one `error:` line and exit 2.
 """
@@ -112,6 +112,16 @@ def test_export_is_every_accepted_sample_with_its_decoded_text(run, tiny_model, 
     assert [key(r) for r in as_json] == [key(r) for r in rows]
     assert [r["response_text"] for r in as_json] == [r["response_text"] for r in rows]
     assert [r["reward"] for r in as_json] == pytest.approx([r["reward"] for r in rows])
+    try:
+        import datasets
+    except ImportError:         # not a dependency; pyarrow and json read the files above
+        return
+    for fmt, path in (("parquet", out), ("json", jsonl)):
+        loaded = datasets.load_dataset(fmt, data_files=str(path), split="train",
+                                       cache_dir=str(tmp_path / "hf-cache"))
+        assert loaded.num_rows == len(rows)
+        assert loaded["response_ids"] == [r["response_ids"] for r in rows]
+        assert loaded["response_text"] == [r["response_text"] for r in rows]
 
 
 def test_filters_select_what_a_hand_filter_selects(finished_run, tmp_path):
