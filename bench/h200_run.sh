@@ -94,7 +94,8 @@ for phase in $PHASES; do
                     --set model.lora.alpha=128 --set trainer.lr=1e-5 $extra ;;
     # Issue 32: the agent loop's tests (token-in/token-out, masks, turn limits) on vLLM.
     agent-loop-vllm) echo "=== agent-loop-vllm"; GRPO_TEST_ENGINE=vllm timeout -k 10 "$(phase_timeout 240)" \
-                    $PY -m pytest -q -p no:cacheprovider tests/rollout/test_agent_loop.py 2>&1 | tail -40 ;;
+                    $PY -m pytest -x -q --tb=short -p no:cacheprovider tests/rollout/test_agent_loop.py 2>&1 \
+                    | grep -v -E "Warning|warn" | tail -150 ;;
     vllm-check)   SCRIPT=bench/vllm_check.py run vllm-check 330 150 $extra ;;
     trl-vllm)     run trl-vllm 280 150 trl --vllm --warmup 1 --steps 2 $extra ;;
     # Issue 20, two GPUs (bench/x2_bench.py): the link, the nccl weight path and its abort, FSDP2

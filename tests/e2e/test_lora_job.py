@@ -10,7 +10,7 @@ import json
 import pyarrow.fs as pafs
 import pytest
 
-from .e2e_helpers import (S3_BUCKET, apply, describe, make_assets, metrics, new_namespace, quickstart_job, status,
+from .e2e_helpers import (run_path, apply, describe, make_assets, metrics, new_namespace, quickstart_job, status,
                           wait_for, wait_phase)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -34,7 +34,7 @@ def test_a_lora_job_trains_its_adapters_and_exports_them(cluster, operator):
     kl = [r["actor/kl_loss"] for r in rows]
     assert kl[0] == 0.0 and kl[-1] > 0, kl          # the reference: the base, adapters off
 
-    fs, run = cluster.s3(), f"{S3_BUCKET}/runs/{ns}/{name}"
+    fs, run = cluster.s3(), run_path(cluster, ns, name)
     state = json.loads(fs.open_input_stream(f"{run}/checkpoints/step-{STEPS}/trainer_state.json").read())
     assert state["lora_config"]["r"] == 16
     final = f"{run}/hf/step-{STEPS}"
