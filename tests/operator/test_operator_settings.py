@@ -67,7 +67,7 @@ def _api_object(**changes):
 
 def test_valid_job_parses():
     j, errors = parse_grpojob(_api_object(), OperatorSettings())
-    assert errors == [] and j.metadata.name == "demo" and j.metadata.model_extra["uid"] == UID
+    assert errors == [] and j.metadata.name == "demo" and j.metadata.uid == UID
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -102,7 +102,7 @@ def test_parse_progress_keeps_the_status_keys():
 def test_read_progress_from_file_storage(tmp_path):
     j = job(**{"storage.uri": f"file://{tmp_path}", "storage.secretRef": None})
     assert read_progress(j, {}) == (None, None)                 # not written yet: no progress, no problem
-    root = tmp_path / "team-a" / "demo"
+    root = tmp_path / "team-a" / "demo" / j.metadata.uid          # each object's own run (status.runUri)
     root.mkdir(parents=True)
     (root / "progress.json").write_text(json.dumps({"step": 7, "totalSteps": 9, "rewardMean": 0.25}))
     p, error = read_progress(j, {})
