@@ -73,6 +73,18 @@ def server_options() -> list[tuple[str, int]]:
     return list(_OPTIONS) + [("grpc.http2.min_ping_interval_without_data_ms", 10_000)]
 
 
+def listen(server: grpc.Server, host: str, port: int, tls: "ServerTLS | None") -> int:
+    """Bind `server` to host:port (TLS only with `tls`) and start it; the port bound (0 picks one)."""
+    if tls is None:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    else:
+        bound = server.add_secure_port(f"{host}:{port}", grpc.ssl_server_credentials([(tls.key, tls.cert)]))
+    if not bound:
+        raise OSError(f"can't listen on {host}:{port}")
+    server.start()
+    return bound
+
+
 class TokenError(RuntimeError):
     """No usable token: the message says where one was looked for."""
 

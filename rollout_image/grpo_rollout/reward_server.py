@@ -103,19 +103,13 @@ def start_server(servicer: RewardServicer, token: str, *, host: str = "[::]", po
     import grpc
 
     from grpo_api.proto import reward_pb2_grpc as pb_grpc
-    from grpo_api.rpc import TLS_CERT_ENV, TLS_KEY_ENV, TokenAuthInterceptor, server_options
+    from grpo_api.rpc import TLS_CERT_ENV, TLS_KEY_ENV, TokenAuthInterceptor, listen, server_options
     server = grpc.server(ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
                          interceptors=[TokenAuthInterceptor(token)], options=server_options())
     pb_grpc.add_RewardServicer_to_server(servicer, server)
     if tls is None:
         log.warning("serving without TLS (%s and %s are not set)", TLS_CERT_ENV, TLS_KEY_ENV)
-        bound = server.add_insecure_port(f"{host}:{port}")
-    else:
-        bound = server.add_secure_port(f"{host}:{port}", grpc.ssl_server_credentials([(tls.key, tls.cert)]))
-    if not bound:
-        raise OSError(f"can't listen on {host}:{port}")
-    server.start()
-    return server, bound
+    return server, listen(server, host, port, tls)
 
 
 def _parser() -> argparse.ArgumentParser:

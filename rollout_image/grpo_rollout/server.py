@@ -14,7 +14,7 @@ import grpc
 
 from grpo_api.proto import rollout_pb2 as pb
 from grpo_api.proto import rollout_pb2_grpc as pb_grpc
-from grpo_api.rpc import TLS_CERT_ENV, TLS_KEY_ENV, ServerTLS, TokenAuthInterceptor, server_options
+from grpo_api.rpc import TLS_CERT_ENV, TLS_KEY_ENV, ServerTLS, TokenAuthInterceptor, listen, server_options
 from grpo_api.weights import bucket_from_proto
 from grpo_rollout import cuda_ipc
 from grpo_rollout.weights import CollectivePlan, WeightSyncConflict
@@ -135,10 +135,4 @@ def start_server(servicer: RolloutServicer, token: str, *, host: str = "[::]", p
     if tls is None:
         log.warning("serving without TLS (%s and %s are not set): the token and the weights cross the network "
                     "in clear", TLS_CERT_ENV, TLS_KEY_ENV)
-        bound = server.add_insecure_port(f"{host}:{port}")
-    else:
-        bound = server.add_secure_port(f"{host}:{port}", grpc.ssl_server_credentials([(tls.key, tls.cert)]))
-    if not bound:
-        raise OSError(f"can't listen on {host}:{port}")
-    server.start()
-    return server, bound
+    return server, listen(server, host, port, tls)
