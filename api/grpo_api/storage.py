@@ -322,9 +322,26 @@ def _read_object_whole(fs: pafs.FileSystem, path: str) -> bytes:
     with fs.open_input_file(path) as f:
         size = f.size()
         data = f.read_at(size, 0) if size else b""
-    if len(data) != size or fs.get_file_info(path).size != size:
-        raise _ObjectChanged(f"{path} changed while it was read ({size} bytes, then {len(data)})")
-    return bytes(data)
+    if len(data) == size and fs.get_file_info(path).size == size:
+        return bytes(data)
+    # Replaced while it was read (or just after: the check can't tell). Under a writer that keeps
+    # replacing it, every direct read may look torn, so read a server-side copy instead:
+    # CopyObject copies one version whole, and no one writes the copy. (Without write access the
+    # copy fails, and the caller's retries read directly again.)
+    snapshot = f"{path.rsplit('/', 1)[0]}/{_TMP_PREFIX}read-{uuid.uuid4().hex}"
+    try:
+        fs.copy_file(path, snapshot)
+    except OSError as exc:
+        raise _ObjectChanged(f"{path} changed while it was read ({size} bytes, then {len(data)}); "
+                             f"a copy to read could not be made: {exc}") from exc
+    try:
+        with fs.open_input_file(snapshot) as f:
+            return bytes(f.read_at(f.size(), 0))
+    finally:
+        try:
+            fs.delete_file(snapshot)
+        except OSError as exc:      # a leftover temporary: hidden from list(), removed by clean_leftovers
+            log.warning("could not delete the read copy %s: %s", snapshot, exc)
 
 
 def _write_stream(fs: pafs.FileSystem, path: str, data: bytes) -> None:

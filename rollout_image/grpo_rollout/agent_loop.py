@@ -12,6 +12,10 @@ A trajectory ends when a model turn has no tool call, at EOS after its answer, a
 data.maxResponseLength (a tool turn that doesn't fit is dropped, so a trajectory ends on model
 tokens), or at maxAssistantTurns / maxUserTurns (the last call is then not run).
 
+A tool agent's prompt is its row's messages rendered again with the tools' schemas
+(`apply_chat_template(messages, tools=...)`, as verl's ToolAgentLoop and TRL's `tools=` do), so
+the model reads what it may call; the records keep that prompt, the one the engine was given.
+
 Per row, `extra_info.agent_name` picks the loop ("tool_agent", the default with multiTurn, or
 "single_turn_agent": one plain turn), and `extra_info.tools_kwargs[<tool>].create_kwargs` the
 environment arguments of each tool (verl's dataset layout).
@@ -59,7 +63,7 @@ class Trajectory:
     def sample(self) -> Sample:
         errors = sum(1 for c in self.calls if c["error"])
         return Sample(self.response_ids, self.logprobs, self.finish_reason or "length",
-                      response_mask=self.response_mask,
+                      response_mask=self.response_mask, prompt_ids=self.prompt_ids,
                       agent={"num_turns": self.assistant_turns + self.user_turns,
                              "assistant_turns": self.assistant_turns, "tool_calls": self.calls,
                              "tool_errors": errors})
@@ -76,20 +80,24 @@ def row_agent(prompt: Prompt) -> tuple[str, dict]:
 
 
 class ToolAgentLoop:
-    def __init__(self, spec: MultiTurnSpec, engine: Engine, tokenizer, runner: ToolRunner, max_response_length: int):
+    def __init__(self, spec: MultiTurnSpec, engine: Engine, tokenizer, runner: ToolRunner, max_response_length: int,
+                 max_prompt_length: int | None = None):
         self.spec = spec
         self.engine = engine
         self.tokenizer = tokenizer
         self.runner = runner
         self.max_length = max_response_length
+        self.max_prompt_length = max_prompt_length
         self.eos = tokenizer.eos_token_id
+        self.schemas = [tool.schema for _, tool in sorted(runner.tools.items())]
 
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[list[Sample]]:
         """`params.n` trajectories per prompt, in prompt order (Engine.generate's contract)."""
         trajectories = []
         for p in prompts:
             agent, kwargs = row_agent(p)
-            trajectories += [Trajectory(p.prompt_ids, agent, kwargs) for _ in range(params.n)]
+            ids = self.prompt_with_tools(p) if agent == "tool_agent" else p.prompt_ids
+            trajectories += [Trajectory(ids, agent, kwargs) for _ in range(params.n)]
         turn = 0
         while active := [t for t in trajectories if t.finish_reason is None]:
             pending = self._model_turn(active, params, turn)
@@ -97,6 +105,21 @@ class ToolAgentLoop:
             turn += 1
         samples = [t.sample() for t in trajectories]
         return [samples[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
+
+    def prompt_with_tools(self, p: Prompt) -> list[int]:
+        """The row's messages rendered with the tools' schemas (a shard without its messages, or a
+        job without tools, keeps the trainer's ids). The schemas count towards
+        data.maxPromptLength, as in verl's dataset filter."""
+        if not p.messages or not self.schemas:
+            return p.prompt_ids
+        ids = self.tokenizer.apply_chat_template(list(p.messages), tools=self.schemas, add_generation_prompt=True,
+                                                 tokenize=True)
+        ids = ids if isinstance(ids, list) else list(ids["input_ids"])   # transformers 5: a BatchEncoding
+        if self.max_prompt_length is not None and len(ids) > self.max_prompt_length:
+            raise ValueError(f"prompt {p.uid}: with the tools' schemas the prompt is {len(ids)} tokens, over "
+                             f"data.maxPromptLength={self.max_prompt_length} (the schemas take "
+                             f"{len(ids) - len(p.prompt_ids)}; raise data.maxPromptLength)")
+        return ids
 
     def _stop(self, t: Trajectory) -> tuple[str, ...]:
         # One call per turn: end the turn at the call's end (the tool's answer follows at once).
@@ -173,7 +196,8 @@ def build_agent_loop(spec, engine: Engine) -> ToolAgentLoop | None:
     runner = ToolRunner(load_tools(mt), timeout_seconds=mt.tool_timeout_seconds,
                         max_response_length=mt.max_tool_response_length, truncate_side=mt.tool_response_truncate_side)
     log.info("agent loop: tools %s, maxParallelCalls %d", sorted(runner.tools), mt.max_parallel_calls)
-    return ToolAgentLoop(mt, engine, engine.tokenizer, runner, spec.data.max_response_length)
+    return ToolAgentLoop(mt, engine, engine.tokenizer, runner, spec.data.max_response_length,
+                         spec.data.max_prompt_length)
 
 
 def reward_extra_info(extra_info: dict, sample: Sample) -> dict:

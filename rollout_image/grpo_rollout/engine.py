@@ -67,6 +67,9 @@ class Sample:
     """Multi-turn (grpo_rollout.agent_loop): 1 for each sampled token, 0 for tool tokens; None: all sampled."""
     agent: dict | None = None
     """Multi-turn: the trajectory's turns and tool calls (names, arguments, errors, latencies)."""
+    prompt_ids: list[int] | None = None
+    """Multi-turn: the prompt the engine was given, rendered with the tools' schemas; None: the
+    prompt shard's prompt_ids."""
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ def rollout_table(prompts: list[Prompt], scored: list[list[Scored]], *, policy_v
             cols["uid"].append(prompt.uid)
             cols["prompt_index"].append(prompt.prompt_index)
             cols["sample_index"].append(i)
-            cols["prompt_ids"].append(prompt.prompt_ids)
+            cols["prompt_ids"].append(prompt.prompt_ids if s.sample.prompt_ids is None else s.sample.prompt_ids)
             cols["response_ids"].append(s.sample.token_ids)
             cols["response_logprobs"].append(s.sample.logprobs)
             cols["reward"].append(s.reward)

@@ -1,13 +1,15 @@
 """The agent loop on the hf engine with the lookup task's tiny model: token-in/token-out, the
 response mask, turn limits, and tools that fail without failing the rollout."""
 
+import copy
 import json
 import os
+from dataclasses import replace
 
 import pytest
 
 from grpo_api.spec import MultiTurnSpec
-from grpo_rollout import tool_task
+from grpo_rollout import tiny, tool_task
 from grpo_rollout.agent_loop import ToolAgentLoop
 from grpo_rollout.engine import SamplingParams
 from grpo_rollout.hf_engine import HFEngine
@@ -154,3 +156,43 @@ def test_records_keep_the_mask_and_the_turns(engine):
         assert row["response_ids"] == s.token_ids and row["response_mask"] == s.response_mask
         assert row["num_turns"] == s.agent["num_turns"]
         assert json.loads(row["agent"])["tool_calls"] == s.agent["tool_calls"]
+
+
+# The tiny template with a tools block, as Qwen3's renders one before the conversation.
+TOOLS_TEMPLATE = ("{%- if tools %}{{- '<|im_start|>system\\n' }}{%- for t in tools %}{{- t.function.name + ' ' }}"
+                  "{%- endfor %}{{- '<|im_end|>\\n' }}{%- endif %}" + tiny.CHAT_TEMPLATE)
+
+
+def test_a_tool_agent_is_prompted_with_the_tools_schemas_and_the_records_keep_that_prompt(engine):
+    """A tool_agent row's messages are rendered again with the tools (the chat template's tools
+    block); the engine is given exactly that, and the records keep it for the trainer to score.
+    A single_turn_agent row keeps the trainer's ids. Schemas that push a prompt over
+    data.maxPromptLength are an error naming it."""
+    tok = copy.deepcopy(engine.tokenizer)
+    tok.chat_template = TOOLS_TEMPLATE
+    spy = RecordingEngine(engine)
+    mt = MultiTurnSpec(enable=True, tools=["grpo_rollout.tool_task:lookup"])
+    runner = ToolRunner(load_tools(mt), timeout_seconds=5.0, max_response_length=mt.max_tool_response_length,
+                        truncate_side=mt.tool_response_truncate_side)
+    loop = ToolAgentLoop(mt, spy, tok, runner, MAX_LEN, max_prompt_length=32)
+    messages = ({"role": "user", "content": "answer #### and the digit"},)
+    plain = prompt_ids(engine.tokenizer)
+    tool_row = replace(lookup_prompt(tok), messages=messages)
+    single_row = replace(lookup_prompt(tok, agent_name="single_turn_agent"), uid="0-1", prompt_index=1,
+                         messages=messages)
+    groups = loop.generate([tool_row, single_row], SamplingParams(n=2, max_tokens=MAX_LEN, seed=1))
+
+    with_tools = tok.apply_chat_template(list(messages), tools=loop.schemas, add_generation_prompt=True,
+                                         tokenize=True)
+    with_tools = with_tools if isinstance(with_tools, list) else list(with_tools["input_ids"])
+    assert tok.convert_ids_to_tokens(with_tools[:2]) == ["<|im_start|>", "system"]
+    assert with_tools[-len(plain):] == plain
+    first_turn_inputs = [given for given, _ in spy.calls[:4]]   # turn 1: two samples per row
+    assert sorted(first_turn_inputs) == sorted([with_tools] * 2 + [plain] * 2)
+    table = rollout_table([tool_row, single_row], [[Scored(s, 0.0, {}) for s in g] for g in groups],
+                          policy_version=0, worker="w")
+    assert table.column("prompt_ids").to_pylist() == [with_tools] * 2 + [plain] * 2
+
+    loop.max_prompt_length = len(with_tools) - 1
+    with pytest.raises(ValueError, match=r"with the tools' schemas the prompt is \d+ tokens, over data.maxPromptLength"):
+        loop.generate([tool_row], SamplingParams(n=1, max_tokens=4))

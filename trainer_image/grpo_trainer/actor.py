@@ -253,8 +253,9 @@ class Actor:
         if not self.lora:
             yield self.ref
             return
+        from grpo_trainer.lora import adapters_off
         self.model.eval()
-        with self.model.disable_adapter():
+        with adapters_off(self.model):
             yield self.model
 
 

@@ -2,8 +2,8 @@
 
 - The policy is the model wrapped by PEFT (`add_adapters`) before FSDP2 shards it; only the
   adapters' A and B require gradients, so the optimizer holds them alone.
-- The reference model is the same model with its adapters switched off (PEFT's
-  `disable_adapter()`): no second copy of the weights.
+- The reference model is the same model with its adapters switched off (`adapters_off`): no
+  second copy of the weights.
 - The rollout engines keep loading plain Hugging Face weights: `rollout_entries` names every
   base tensor as the engines know it (no PEFT prefix) with the adapter to merge into it, and the
   publisher sends W + scaling x B @ A (`merge`).
@@ -16,6 +16,7 @@ PEFT is imported inside the functions: a full-parameter run never imports it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -85,6 +86,28 @@ def add_adapters(model, model_spec: ModelSpec):
     if model_spec.lora.adapter_path and not _on_meta(model):
         return PeftModel.from_pretrained(model, model_spec.lora.adapter_path, is_trainable=True)
     return get_peft_model(model, config)
+
+
+@contextlib.contextmanager
+def adapters_off(model):
+    """The model with every LoRA layer computing only its base layer: the base model, exactly.
+
+    PEFT's own `disable_adapter()` also sets requires_grad False on the adapters, and FSDP2 reads
+    requires_grad when it first runs (its lazy init, and the unsharded copy of each parameter made
+    at the first all-gather). An on-policy step's first forward is the reference's, so torch
+    2.11's FSDP2 then took the adapters for frozen and reduced their gradients in bf16 ("assign
+    a gradient with dtype BFloat16 to a tensor with grad_dtype Float", bench/RESULTS.md). Here
+    only the switch that the layers' forward reads is flipped."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    before = [m._disable_adapters for m in layers]
+    for m in layers:
+        m._disable_adapters = True
+    try:
+        yield model
+    finally:
+        for m, off in zip(layers, before):
+            m._disable_adapters = off
 
 
 def _on_meta(model) -> bool:
