@@ -2,9 +2,20 @@
 fails on the H200 in FSDP2's reduce with "assign a gradient with dtype BFloat16 to a tensor with
 grad_dtype Float"; torch 2.15 on CPU does not). One process, one GPU, a small Qwen3 shape; each
 variant builds its own model, runs forward + backward + clip + step, and prints ok or the error's
-last frames. Stand-alone (torch, transformers, peft), so it needs no carry:
+last frames. The plain variants need only torch, transformers and peft (no carry):
 
-    python3 bench/lora_fsdp_check.py [VARIANT ...]     # default: all, until DEADLINE_S (100) passes
+    python3 bench/lora_fsdp_check.py [VARIANT ...]     # default: the plain ones, until DEADLINE_S (100)
+
+They all passed on the H200 (torch 2.11): the failure needs the trainer's own path, where the
+first forward is the reference's with the adapters off. `trainer-path` builds the policy as the
+trainer does (grpo_trainer.model._load_sharded, FSDP2 mixed precision bf16/fp32, a tiny Qwen3),
+runs that reference forward first (grpo_trainer.lora.adapters_off), then a backward;
+`trainer-path-peft-off` does the same with PEFT's disable_adapter() (the code before the fix).
+Mixed precision runs on CPU too, so torch 2.11's failure reproduces here (bench/RESULTS.md):
+
+    python3 -m venv /tmp/v211 && /tmp/v211/bin/pip install torch==2.11.0 transformers==5.17.0 peft==0.21.0 \
+        'pydantic>=2.7,<3' pyyaml pyarrow grpcio protobuf prometheus-client safetensors cryptography
+    PYTHONPATH=api:trainer_image:rollout_image /tmp/v211/bin/python bench/lora_fsdp_check.py trainer-path trainer-path-peft-off
 """
 import os
 import sys
@@ -60,6 +71,30 @@ def run(name: str) -> None:
     print(f"{name}: ok (trainable {trainable}, grads {grads}, norm {float(norm.full_tensor() if hasattr(norm, 'full_tensor') else norm):.3g})", flush=True)
 
 
+def run_trainer_path(peft_off: bool) -> None:
+    import tempfile
+    from grpo_api.spec import ModelSpec
+    from grpo_rollout import tiny
+    from grpo_trainer import model as M
+    from grpo_trainer.lora import adapters_off, add_adapters
+    path = tiny.build_tiny_model(tempfile.mkdtemp(prefix="lora-check-"))
+    spec = ModelSpec.model_validate({"path": str(path), "lora": {"rank": 4, "alpha": 8}, "gradientCheckpointing": True})
+
+    def prepare(m):
+        m.config.use_cache = False
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = M._load_sharded(spec, torch.device(DEVICE), dtype=torch.bfloat16, prepare=prepare,
+                            wrap=lambda m: add_adapters(m, spec),
+                            shard=lambda m: M.apply_fsdp(m, compute_dtype=torch.bfloat16, on_gpu=True))
+    ids = torch.randint(0, 20, (2, 12), device=DEVICE)
+    with torch.no_grad(), (model.disable_adapter() if peft_off else adapters_off(model)):
+        model(input_ids=ids)          # the reference's forward comes first, as in an on-policy step
+    torch.log_softmax(model(input_ids=ids).logits.float(), -1).mean().backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    print(f"trainer-path{'-peft-off' if peft_off else ''}: ok (grads {({g.dtype for g in grads})}, "
+          f"{len(grads)} adapter tensors)", flush=True)
+
+
 def main() -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
@@ -74,7 +109,10 @@ def main() -> None:
             print(f"{name}: not run (deadline)", flush=True)
             continue
         try:
-            run(name)
+            if name.startswith("trainer-path"):
+                run_trainer_path(peft_off=name == "trainer-path-peft-off")
+            else:
+                run(name)
         except Exception as exc:
             tb = traceback.format_exc().strip().splitlines()
             print(f"{name}: FAILED {type(exc).__name__}: {exc}\n  " + "\n  ".join(tb[-14:]), flush=True)

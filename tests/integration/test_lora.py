@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import secrets
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,3 +145,41 @@ def test_both_exports_load_and_generate_what_the_trained_policy_generates(lora_r
     base = AutoModelForCausalLM.from_pretrained(tiny_model)
     assert any(not (a == b).all() for a, b in zip(base.state_dict().values(),
                                                  AutoModelForCausalLM.from_pretrained(out).state_dict().values()))
+
+
+MIXED_PRECISION_CHECK = r"""
+import sys, torch, torch.distributed as dist
+from grpo_api.spec import ModelSpec
+from grpo_trainer import model as M
+from grpo_trainer.lora import adapters_off, add_adapters
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+spec = ModelSpec.model_validate({"path": sys.argv[1], "lora": {"rank": 4, "alpha": 8}})
+model = M._load_sharded(spec, torch.device("cpu"), dtype=torch.bfloat16, prepare=lambda m: None,
+                        wrap=lambda m: add_adapters(m, spec),
+                        shard=lambda m: M.apply_fsdp(m, compute_dtype=torch.bfloat16, on_gpu=True))
+ids = torch.randint(0, 20, (2, 12))
+with torch.no_grad(), adapters_off(model):
+    frozen = [n for n, p in model.named_parameters() if ".lora_" in n and not p.requires_grad]
+    model(input_ids=ids)
+torch.log_softmax(model(input_ids=ids).logits.float(), -1).mean().backward()
+grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+adapters = [n for n, p in model.named_parameters() if ".lora_" in n]
+b_moved = [n for n, g in grads.items() if ".lora_B." in n and g.full_tensor().abs().sum() > 0]  # A's are 0 while B is
+print("frozen-in-reference", len(frozen), "grads", len(grads), "of", len(adapters),
+      sorted({str(g.dtype) for g in grads.values()}), "B-moved", len(b_moved))
+"""
+
+
+def test_under_mixed_precision_the_reference_first_leaves_the_adapters_training(tiny_model):
+    """The GPU set-up on CPU: bf16 base, float32 adapters, FSDP2 mixed precision (bf16 compute,
+    float32 reduce), and the reference's forward first, as in an on-policy step. The adapters
+    stay trainable inside the reference (PEFT's disable_adapter() froze them there, and torch
+    2.11's FSDP2, which reads that at its first forward, then failed the backward: bench/
+    lora_fsdp_check.py reproduces it), and every adapter gets a float32 gradient."""
+    out = subprocess.run([sys.executable, "-c", MIXED_PRECISION_CHECK, str(tiny_model)], capture_output=True, text=True,
+                         env=child_env(), timeout=300)
+    assert out.returncode == 0, out.stderr[-4000:]
+    line = out.stdout.strip().splitlines()[-1].split()
+    assert line[:2] == ["frozen-in-reference", "0"], out.stdout
+    grads, adapters, dtypes, b_moved = int(line[3]), int(line[5]), line[6], int(line[-1])
+    assert grads == adapters > 0 and dtypes == "['torch.float32']" and b_moved == adapters // 2, out.stdout
