@@ -133,6 +133,8 @@ def build_crd() -> dict[str, Any]:
                     {"name": "Best-Step", "type": "integer", "jsonPath": ".status.progress.bestStep",
                      "priority": 1},
                     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
+                    {"name": "Resumed-From", "type": "integer", "jsonPath": ".status.progress.resumedFromStep",
+                     "priority": 1, "description": "The step the trainer's latest start continued from"},
                     {"name": "Epoch", "type": "integer", "jsonPath": ".status.progress.epoch", "priority": 1},
                     {"name": "Reason", "type": "string", "priority": 1,
                      "description": "Why the job failed, waits or is stalled", "jsonPath": ".status.reason"},

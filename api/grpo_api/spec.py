@@ -607,6 +607,11 @@ class Progress(_Model):
     """With trainer.saveBest: the best step so far (its checkpoint is kept, its policy is hf/best)."""
     best_score: float | None = None
     """With trainer.saveBest: that step's trainer.saveBest.metric."""
+    resumed_from_step: int | None = None
+    """The step the trainer's latest start continued from (after a restart, suspend or
+    preemption Step goes back to it); None for a run that started afresh."""
+    resumed_at: str | None = None
+    """When that start was (RFC 3339)."""
 
 
 class GRPOJobStatus(_Model):

@@ -90,11 +90,13 @@ class Observed:
     kueue_message: str | None = None
     """Why Kueue doesn't admit the suspended trainer Job (its Workload's QuotaReserved message)."""
     runs_with: str = ""
+    """The pinned operator defaults the job's pods are built with, in words (its images)."""
     progress_hint: str = ""
     """What would let the operator read progress.json (said with progress_error)."""
     missing_secret_grace_seconds: float = 60.0
     """How long pods may wait for a Secret that doesn't exist before the job fails."""
-    """The pinned operator defaults the job's pods are built with, in words (its images)."""
+    run_uri: str | None = None
+    """Where the job's files are (grpo_api.storage.job_root): status.runUri."""
 
 
 @dataclass(frozen=True)
@@ -153,11 +155,23 @@ class _Draft:
             self.set("PodsPending", False, phase.value, "")
         self.event("Normal" if ok else "Warning", reason, message)
 
-    def decision(self, generation: int) -> Decision:
+    def decision(self, obs: Observed) -> Decision:
         self.d.status = GRPOJobStatus(
             phase=self.phase, conditions=self.conditions, progress=self.progress, restarts=self.restarts,
-            start_time=self.start_time, completion_time=self.completion_time, observed_generation=generation)
+            start_time=self.start_time, completion_time=self.completion_time, observed_generation=obs.generation,
+            reason=_reason(self.conditions), rollout_replicas=obs.rollout_ready, run_uri=obs.run_uri)
         return self.d
+
+
+# The conditions that say why a job isn't simply running, most telling first.
+_REASON_CONDITIONS = ("Failed", "Invalid", "SecretMissing", "PodsPending", "Queued", "Suspended", "TrainerFailed",
+                      "ProgressUnreadable")
+
+
+def _reason(conditions: list[Condition]) -> str | None:
+    """The Reason column: the reason of the first of _REASON_CONDITIONS that holds."""
+    holding = {c.type: c.reason for c in conditions if c.status == "True"}
+    return next((holding[t] for t in _REASON_CONDITIONS if holding.get(t)), None)
 
 
 def decide(job: GRPOJob | None, errors: list[str], status: GRPOJobStatus, obs: Observed, now: datetime
@@ -166,7 +180,11 @@ def decide(job: GRPOJob | None, errors: list[str], status: GRPOJobStatus, obs: O
     invalid (job may be None then)."""
     s = _Draft(status, now)
     if obs.progress is not None:
+        _resumed(s, status.progress, obs.progress)
         s.progress = obs.progress
+    if job is not None and job.spec.trainer.total_steps is not None and (s.progress is None or s.progress.total_steps is None):
+        # The Total column from the first second, before the trainer's first report.
+        s.progress = (s.progress or Progress()).model_copy(update={"total_steps": job.spec.trainer.total_steps})
     if obs.progress_read:
         _progress_readable(s, obs.progress_error, obs.progress_hint or DEFAULT_PROGRESS_HINT)
     if errors:
@@ -183,7 +201,15 @@ def decide(job: GRPOJob | None, errors: list[str], status: GRPOJobStatus, obs: O
         if ttl is not None and done is not None and now >= done + timedelta(seconds=ttl):
             s.d.delete_job = True
             s.event("Normal", "TTLExpired", f"deleting the job {ttl}s after it finished (runPolicy.ttlSecondsAfterFinished)")
-    return s.decision(obs.generation)
+    return s.decision(obs)
+
+
+def _resumed(s: _Draft, old: Progress | None, new: Progress) -> None:
+    """Each start of the trainer that continued from a checkpoint (a restart, a suspend, a
+    preemption) is an event: Step went back to that checkpoint's step."""
+    if new.resumed_at is not None and (old is None or old.resumed_at != new.resumed_at):
+        s.event("Normal", "Resumed", f"the trainer resumed from step {new.resumed_from_step} "
+                                     f"({new.last_checkpoint or 'its latest checkpoint'})")
 
 
 DEFAULT_PROGRESS_HINT = ("Give the operator read access to spec.storage (Helm values operator.storageCredentialsSecret, "

@@ -146,10 +146,6 @@ class Reconciler:
                 "or remove schedulingPolicy"]
         observed = self._observe(obj, job, old_status, read_progress, settings)
         decision = lifecycle.decide(job, errors, old_status, observed, self.clock())
-        if job is not None and job.spec.storage.uri:
-            decision.status = decision.status.model_copy(update={"run_uri": job_root(job, local=False)})
-        decision.status = decision.status.model_copy(update={"rollout_replicas": observed.rollout_ready,
-                                                             "reason": _reason(decision.status)})
         self._write_status(obj, old_status, decision.status)
         self._act(obj, job, decision, settings)
         for event in decision.events:
@@ -228,7 +224,8 @@ class Reconciler:
             progress_read=read_now, children_applied=self._applied.get((ns, name)) == (uid, generation),
             kueue_message=kueue_message,
             runs_with=f"trainer image {settings.trainer_image}, rollout image {settings.rollout_image}",
-            progress_hint=hint, missing_secret_grace_seconds=self.settings.missing_secret_grace_seconds)
+            progress_hint=hint, missing_secret_grace_seconds=self.settings.missing_secret_grace_seconds,
+            run_uri=job_root(job, local=False) if job is not None and job.spec.storage.uri else None)
 
     def _why_not_admitted(self, ns: str, job_uid: str) -> str | None:
         """Kueue's reason for not admitting the trainer Job (no quota, no such LocalQueue, ...):
@@ -363,17 +360,6 @@ class Reconciler:
                     f"({job.spec.storage.secret_ref!r}, operator.readStorageSecrets=true): create it, or give it "
                     f"AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY that can read spec.storage")
         return lifecycle.DEFAULT_PROGRESS_HINT
-
-
-# The conditions that say why a job isn't simply running, most telling first.
-_REASON_CONDITIONS = ("Failed", "Invalid", "SecretMissing", "PodsPending", "Queued", "Suspended", "TrainerFailed",
-                      "ProgressUnreadable")
-
-
-def _reason(status: GRPOJobStatus) -> str | None:
-    """The Reason column: the reason of the first of _REASON_CONDITIONS that holds."""
-    holding = {c.type: c.reason for c in status.conditions if c.status == "True"}
-    return next((holding[t] for t in _REASON_CONDITIONS if holding.get(t)), None)
 
 
 def _owned_by(obj: dict, uid: str) -> bool:

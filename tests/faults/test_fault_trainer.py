@@ -87,11 +87,15 @@ def test_trainer_killed_mid_step_resumes_from_the_last_complete_checkpoint(algor
         assert f"Resumed from file://{root}/checkpoints/step-2 (step 2, policy version 2)" in resumed.output
         assert "Step 1 / " not in resumed.output and "Step 2 / " not in resumed.output   # kept, not redone
         assert "Step 3 / " in resumed.output and "Step 4 / " in resumed.output           # redone / new
+        # progress.json (the status) says the run resumed, and from where
+        progress = json.loads((root / "progress.json").read_text())
+        assert progress["resumedFromStep"] == 2 and progress["resumedAt"].endswith("Z"), progress
 
         # 4. The same job without a fault, on the same server.
         straight = run_trainer(reference_job, rollout=server.address, token=token, nproc=1,
                                log_path=tmp_path / "reference.log")
         assert straight.returncode == 0, straight.output[-8000:]
+        assert "resumedFromStep" not in json.loads((reference / "progress.json").read_text())
     finally:
         hold.release()
         server.stop()

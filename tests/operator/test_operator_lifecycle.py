@@ -327,3 +327,37 @@ def test_unreadable_progress_is_a_condition_with_one_event():
     assert again.events == [] and again.status == d.status
     fixed = step(job(), d.status, trainer=TrainerJob(0), pods=RUNNING, rollout_replicas=2, progress_read=True)
     assert find(fixed.status.conditions, "ProgressUnreadable").status == "False"
+
+
+def test_the_total_column_shows_the_specs_steps_before_the_trainer_reports():
+    d = decide(job(**{"trainer.totalSteps": 7}), [], status(), Observed(generation=1), T0)
+    assert d.status.progress == Progress(step=0, total_steps=7)
+    by_epochs = decide(job(**{"trainer.totalSteps": None, "trainer.totalEpochs": 2}), [], status(),
+                       Observed(generation=1), T0)
+    assert by_epochs.status.progress is None       # known once the trainer has read the dataset
+
+
+def test_a_trainer_start_that_resumed_is_an_event_once():
+    """After a restart Step goes back (425 -> 423): the Resumed event says why, once per start."""
+    st = status(phase=Phase.Running, observed_generation=1, progress=Progress(step=425, total_steps=900))
+    resumed = Progress(step=423, total_steps=900, resumed_from_step=423, resumed_at="2026-01-01T00:05:00Z",
+                       last_checkpoint="s3://b/team-a/demo/uid/checkpoints/step-423")
+    d = step(job(), st, trainer=TrainerJob(1), pods=RUNNING, rollout_replicas=2, progress=resumed, progress_read=True)
+    [event] = [e for e in d.events if e.reason == "Resumed"]
+    assert event.message == "the trainer resumed from step 423 (s3://b/team-a/demo/uid/checkpoints/step-423)"
+    assert d.status.progress.resumed_from_step == 423
+    later = resumed.model_copy(update={"step": 430})
+    d = step(job(), d.status, trainer=TrainerJob(1), pods=RUNNING, rollout_replicas=2, progress=later, progress_read=True)
+    assert "Resumed" not in reasons(d)
+    again = later.model_copy(update={"resumed_from_step": 430, "resumed_at": "2026-01-01T01:00:00Z"})
+    d = step(job(), d.status, trainer=TrainerJob(2), pods=RUNNING, rollout_replicas=2, progress=again, progress_read=True)
+    assert "Resumed" in reasons(d)
+
+
+def test_the_status_names_the_run_the_ready_servers_and_the_reason():
+    d = step(job(), status(phase=Phase.Running, observed_generation=1), trainer=TrainerJob(0), pods=RUNNING,
+             rollout_replicas=2, rollout_ready=1, run_uri="s3://b/team-a/demo/uid")
+    assert (d.status.run_uri, d.status.rollout_replicas, d.status.reason) == ("s3://b/team-a/demo/uid", 1, None)
+    suspended = step(job(**{"runPolicy.suspend": True}), d.status, trainer=TrainerJob(0), pods=RUNNING,
+                     rollout_replicas=2)
+    assert suspended.status.reason == find(suspended.status.conditions, "Suspended").reason

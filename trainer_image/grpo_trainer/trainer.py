@@ -74,7 +74,9 @@ class Trainer:
                                          adapter=lambda: self.publisher.final_adapter())
         resumed = self.checkpointer.resume() or {}
         self.state = State(resumed.get("step", 0), resumed.get("policy_version", 0))
-        self.progress: dict = {}   # the last progress.json written
+        # The last progress.json written; a resumed start says so (the operator's Resumed event).
+        self.progress: dict = ({"resumedFromStep": self.state.step,
+                                "resumedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())} if resumed else {})
         # This job's own checkpoint continues its tracker runs (not another job's, with resume: <uri>).
         self.metrics = open_metrics(job, self.layout, self.storage, device=self.device, resumed_step=self.state.step,
                                     metrics_port=metrics_port,
@@ -109,6 +111,8 @@ class Trainer:
         # A LoRA adapter to start from (model.lora.adapterPath) is not what the servers loaded.
         started_from_adapter = bool(self.model_spec.lora and self.model_spec.lora.adapter_path)
         self.publisher.catch_up(self.state.policy_version, force=self.state.step > 0 or started_from_adapter)
+        if self.progress and self.rank == 0:
+            self._write_progress({})      # Step goes back to the checkpoint's at once, with the reason
         if (metrics := self.validator.before_training(self.state.step, self.state.policy_version)) and self.rank == 0:
             self.metrics.log(0, metrics)
         bar = ProgressBar(self.total_steps, self.state.step) if self.rank == 0 else None
