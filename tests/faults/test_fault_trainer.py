@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 
 import pytest
@@ -122,3 +123,34 @@ def test_trainer_killed_mid_step_resumes_from_the_last_complete_checkpoint(algor
     final, expected = load_safetensors(root / "hf" / f"step-{STEPS}"), load_safetensors(reference / "hf" / f"step-{STEPS}")
     for name in expected:
         torch.testing.assert_close(final[name], expected[name], rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_a_stop_while_the_rollout_servers_are_gone_ends_the_trainer_at_once(tmp_path, tiny_model, train_data, token):
+    """A GRPOJob deleted mid-run may lose its rollout pods before its trainer: the step in flight
+    can't finish, so on SIGTERM the trainer stops itself (it used to wait on the servers until
+    the grace period's SIGKILL). The server dies after step 1; the request timeout is 600 s."""
+    job = write_job(tmp_path / "job.yaml", name="orphaned", model=tiny_model, train=train_data,
+                    storage=tmp_path / "store", rollout={"replicas": 1, "requestTimeoutSeconds": 600},
+                    weightSync={"backend": "grpc"}, trainer={"nprocPerNode": 1, "totalSteps": 50, "saveFreq": 1})
+    root = run_root(tmp_path / "store", "orphaned")
+    (server,) = start_rollout_servers(job, token, 1, tmp_path)
+    log_path = tmp_path / "trainer.log"
+    with open(log_path, "wb") as out:
+        trainer = subprocess.Popen(trainer_argv(job, server.address, 1), stdout=out, stderr=subprocess.STDOUT,
+                                   env=child_env(GRPO_RPC_TOKEN=token), cwd=tmp_path, start_new_session=True)
+    try:
+        wait_until(lambda: (root / "checkpoints" / "step-1" / "manifest.json").exists()
+                   or trainer.poll() is not None, 300, what="step 1's checkpoint")
+        kill_tree(server.proc.pid)
+        server.proc.wait()
+        wait_until(lambda: "failed (attempt" in trainer_log_tail(log_path), 120, what="a dispatch to the dead server")
+        trainer.send_signal(signal.SIGTERM)
+        trainer.wait(120)      # well inside the 600 s the dispatcher would wait for a server
+    finally:
+        if trainer.poll() is None:
+            kill_tree(trainer.pid)
+            trainer.wait()
+        server.stop()
+    log = trainer_log_tail(log_path)
+    assert "Stopping on SIGTERM during step" in log and "a resume redoes it from" in log, log
+    assert trainer.returncode != 0, log

@@ -44,19 +44,34 @@ class ShardResult:
     reply: pb.GenerateReply
 
 
+class StoppedWaiting(Exception):
+    """The trainer was asked to stop (SIGTERM) while it waited for rollout servers that are gone:
+    the step can't finish, so it stops now rather than be killed at the end of its grace period
+    (a deleted GRPOJob's rollout pods may go first)."""
+
+
 class RolloutServers:
     """Trainer rank 0's view of the rollout servers: who they are now (`discover` is called every
-    time: a headless Service follows scaling) and one client each."""
+    time: a headless Service follows scaling) and one client each. `stopping()` says whether the
+    trainer was asked to stop: waits for servers end then (StoppedWaiting)."""
 
-    def __init__(self, discover: Callable[[], list[str]], auth: ClientAuth | str):
+    def __init__(self, discover: Callable[[], list[str]], auth: ClientAuth | str,
+                 stopping: Callable[[], bool] = lambda: False):
         self.discover = discover
         self.clients = RolloutClients(auth)
+        self.stopping = stopping
+
+    def check_stopping(self, waiting_for: str) -> None:
+        if self.stopping():
+            raise StoppedWaiting(f"asked to stop while waiting for {waiting_for}")
 
     def addresses(self, wait_seconds: float = 120.0) -> list[str]:
         """Addresses of the rollout servers now; waits (bounded) while there are none."""
         deadline = time.monotonic() + wait_seconds
         while True:
             found = self.discover()
+            if not found:
+                self.check_stopping("a rollout server (none is there)")
             if found or time.monotonic() > deadline:
                 if not found:
                     raise RuntimeError("no rollout server is reachable (check rollout.replicas and their logs)")
@@ -112,6 +127,8 @@ class RolloutDispatcher:
                                                    f"last error on {worker}: {detail}") from exc
                         failed.append(name)
                         self.servers.clients.forget(worker)
+            if any(name in unreachable_since for name in failed):
+                self.servers.check_stopping("rollout servers that don't answer")
             if failed:
                 self.redispatched += len(failed)
                 time.sleep(min(5.0, 0.5 * max(attempts[n] for n in failed)))

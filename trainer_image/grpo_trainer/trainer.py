@@ -34,7 +34,8 @@ from grpo_trainer.checkpoint import Checkpointer
 from grpo_trainer.metrics import ProgressBar, open_metrics, setup_logging, step_metrics
 from grpo_trainer.model import load_tokenizer, training_device
 from grpo_trainer.publisher import WeightPublisher
-from grpo_trainer.rollout_client import RolloutDispatcher, RolloutServers, static_or_dns_discovery
+from grpo_trainer.rollout_client import (RolloutDispatcher, RolloutServers, StoppedWaiting,
+                                         static_or_dns_discovery)
 from grpo_trainer.validation import Validator
 
 log = logging.getLogger("grpo.trainer")
@@ -50,6 +51,7 @@ class Trainer:
     def __init__(self, job: GRPOJob, *, rollout_addresses: str, auth: ClientAuth, checkpoint_key: bytes,
                  local: bool, metrics_port: int | None = None):
         started = time.time()
+        self._stop_flag = False      # set by SIGTERM (request_stop)
         self.job, self.spec = job, job.spec
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         setup_logging(self.rank)
@@ -90,7 +92,8 @@ class Trainer:
 
     def _connect_rollouts(self, rollout_addresses: str, auth: ClientAuth, datasets) -> None:
         """The weight publisher and the rollout source, sharing rank 0's clients of the servers."""
-        servers = RolloutServers(static_or_dns_discovery(rollout_addresses), auth) if self.rank == 0 else None
+        servers = RolloutServers(static_or_dns_discovery(rollout_addresses), auth,
+                                 stopping=lambda: self._stop_flag) if self.rank == 0 else None
         # In the rollout engines' dtype (spec.model.dtype) on GPU; float32 on CPU.
         rollout_dtype = getattr(torch, self.spec.model.dtype.value) if self.device.type == "cuda" else torch.float32
         self.publisher = WeightPublisher(self.actor.model, self.spec.weight_sync, dtype=rollout_dtype,
@@ -121,7 +124,12 @@ class Trainer:
                 self._stop()
             self.state.step += 1
             step, last = self.state.step, self.state.step == self.total_steps
-            metrics = self.train_step(step)
+            try:
+                metrics = self.train_step(step)
+            except StoppedWaiting as exc:
+                log.warning("Stopping on SIGTERM during step %d, %s: a resume redoes it from %s", step, exc,
+                            self.checkpointer.last or "the start")
+                raise SystemExit(143) from None
             metrics |= self.validator.maybe_validate(step, self.state.policy_version, last=last)
             metrics |= self.checkpointer.maybe_save(step, self._checkpoint_state, metrics, last=last,
                                                     weights=self.publisher.final_weights)
@@ -160,7 +168,7 @@ class Trainer:
         self._stop_flag = True
 
     def _stop_requested(self) -> bool:
-        flag = torch.tensor([1.0 if getattr(self, "_stop_flag", False) else 0.0], device=self.device)
+        flag = torch.tensor([1.0 if self._stop_flag else 0.0], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)   # every rank stops at the same step
         return bool(flag.item())
 
