@@ -41,12 +41,15 @@ from grpo_api import model_cache, signing
 from grpo_api.jobfile import dump_job
 from grpo_api.rpc import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, TLS_SERVER_NAME_ENV, TOKEN_ENV
 from grpo_api.spec import GRPOJob, ObjectMeta
+from grpo_api.storage import job_root
 
 from grpo_operator import names
 from grpo_operator.names import GRPC_PORT, MASTER_PORT, METRICS_PORT, REWARD, ROLLOUT, SPEC_DIR, SPEC_PATH, TRAINER
 from grpo_operator.pki import JobTLS
 from grpo_operator.settings import OperatorSettings
 from grpo_operator.templates import merge_pod_template
+
+LOG_URI_ENV = "GRPO_LOG_URI"    # grpo_rollout.log_mirror (the operator doesn't import the rollout package)
 
 _SPEC_VOLUME, _SHM_VOLUME, _MODEL_VOLUME = "grpo-spec", "dshm", "model-cache"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
@@ -373,7 +376,9 @@ def build_rollout_deployment(job: GRPOJob, settings: OperatorSettings, *, replic
         "command": ["grpo"],
         "args": ["rollout", "--spec", SPEC_PATH, "--port", str(GRPC_PORT), "--metrics-port", str(METRICS_PORT),
                  "--worker-id", "$(POD_NAME)"],
-        "env": [*_common_env(job), *_rollout_secrets(job), *_reward_client_env(job)],
+        "env": [*_common_env(job), *_rollout_secrets(job), *_reward_client_env(job),
+                # Kept after the job scales the servers away (grpo_rollout.log_mirror).
+                {"name": LOG_URI_ENV, "value": f"{job_root(job, local=False)}/logs/$(POD_NAME).log"}],
         "ports": [{"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "resources": _resources(settings.rollout_resources, rollout_gpus(job), settings),

@@ -64,6 +64,9 @@ def main(argv: list[str]) -> int:
     except (JobError, TokenError, TLSError) as exc:
         print(f"grpo rollout: {exc}", file=sys.stderr)
         return 2
+    from grpo_api.storage import Storage
+    from grpo_rollout.log_mirror import mirror_from_env
+    mirror_from_env(Storage(job.spec.storage))     # the pod's log, kept in storage (closed at exit)
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,0 +1,105 @@
+"""A GRPOJob with multi-turn tool rollouts and a reward model (issues 31 and 32) on the real node,
+from the images the Dockerfiles build: the rollout pods run the agent loop (the lookup task's
+`lookup` tool, grpo_rollout.tool_task), the operator serves the reward model (a tiny classifier)
+as its own Deployment and Service, the rollout pods score every trajectory with it over gRPC,
+and its score is added to the rule's (combine: sum). One job for both: a job each would double
+the suite's slowest kind of test."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from .e2e_helpers import (MODELS_MOUNT, S3_BUCKET, apply, describe, make_assets, metrics, new_namespace,
+                          quickstart_job, run_path, status, wait_for, wait_phase)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+
+STEPS = 4
+LOOKUP_DATA = f"{S3_BUCKET}/datasets/lookup"
+RM_WEIGHT = 0.5
+
+
+def _lookup_assets(cluster, models):
+    """The lookup task's model and the tiny reward model in the mounted folder, its data in S3."""
+    from grpo_rollout import tiny, tool_task
+    if not (models / "lookup" / "config.json").exists():
+        tool_task.build_model(models / "lookup")
+        data = cluster.node.dir / "lookup-data"
+        tool_task.write_dataset(data, n_train=256, n_val=16)
+        fs = cluster.s3()
+        for f in ("train.parquet", "test.parquet"):
+            with fs.open_output_stream(f"{LOOKUP_DATA}/{f}") as out:
+                out.write((data / f).read_bytes())
+    if not (models / "tiny-rm" / "config.json").exists():
+        tiny.build_tiny_reward_model(models / "tiny-rm")
+        for f in (models / "tiny-rm").rglob("*"):
+            f.chmod(f.stat().st_mode | 0o044)
+
+
+def _accepted_rollouts(fs, run: str, step: int) -> pa.Table:
+    """Step `step`'s rollout shards (every attempt's file; a job without faults has one each)."""
+    infos = fs.get_file_info(pafs.FileSelector(f"{run}/rollouts/step-{step}"))
+    tables = [pq.read_table(fs.open_input_file(i.path)) for i in infos if i.path.endswith(".parquet")
+              and "/train-" in i.path]
+    return pa.concat_tables(tables)
+
+
+def test_a_job_with_tools_and_a_reward_model_runs_both_in_its_pods(cluster, operator):
+    models = make_assets(cluster)
+    _lookup_assets(cluster, models)
+    ns, name = new_namespace(cluster), "agent-rm"
+    job = quickstart_job(name, cluster, models, steps=STEPS, saveFreq=10)
+    spec = job["spec"]
+    spec["model"]["path"] = f"{MODELS_MOUNT}/lookup"
+    spec["data"].update({"trainFiles": [f"s3://{LOOKUP_DATA}/train.parquet"],
+                         "valFiles": [f"s3://{LOOKUP_DATA}/test.parquet"],
+                         "trainBatchSize": 16, "maxPromptLength": 24, "maxResponseLength": 14})
+    spec["trainer"].update({"miniBatchSize": 16, "valBeforeTrain": False})
+    spec["rollout"]["multiTurn"] = {"enable": True, "tools": ["grpo_rollout.tool_task:lookup"],
+                                    "maxAssistantTurns": 3}
+    spec["reward"] = {
+        "function": "grpo_rollout.tool_task:compute_score", "combine": "sum",
+        "rewardModels": [{"name": "rm", "kind": "classifier", "path": f"{MODELS_MOUNT}/tiny-rm", "dtype": "float32",
+                          "gpus": 0, "weight": RM_WEIGHT, "template": spec["rollout"]["template"]}]}
+    apply(cluster, ns, job)
+
+    # The reward model is its own Deployment and Service, ready before the job trains on it.
+    wait_for("the reward model's ready pod", lambda: (cluster.get("deployment", f"{name}-rm-rm", "-n", ns)
+                                                      .get("status") or {}).get("readyReplicas"),
+             timeout=600, interval=3, diagnose=describe(cluster, ns, name))
+    assert cluster.get("service", f"{name}-rm-rm", "-n", ns)["spec"]["clusterIP"] == "None"   # headless
+    wait_for("the job to finish", lambda: status(cluster, ns, name).get("phase") in ("Succeeded", "Failed"),
+             timeout=1200, interval=3, diagnose=describe(cluster, ns, name))
+    assert wait_phase(cluster, ns, name, {"Succeeded"}, timeout=60)["progress"]["step"] == STEPS
+    rows = [r for r in metrics(cluster, ns, name) if "training/step" in r]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+
+    fs, run = cluster.s3(), run_path(cluster, ns, name)
+    samples = _accepted_rollouts(fs, run, STEPS).to_pylist()
+    assert len(samples) == 16 * 8
+    # the agent loop ran in the rollout pods: trajectories with the tool's turn, masked out
+    called = [s for s in samples if s["num_turns"] > 1]
+    assert called, "no trajectory called the tool"
+    for s in called:
+        calls = json.loads(s["agent"])["tool_calls"]
+        assert calls and all(c["name"] == "lookup" and c["error"] is None for c in calls), calls
+        assert 0 in s["response_mask"] and len(s["response_mask"]) == len(s["response_ids"])
+    # every sample was scored by the reward model's pod and its score added to the rule's
+    for s in samples:
+        extra = json.loads(s["reward_extra"])
+        assert "rm/rm" in extra, extra
+        assert s["reward"] == pytest.approx(extra["rule_score"] + RM_WEIGHT * extra["rm/rm"], abs=1e-5), extra
+    assert len({round(json.loads(s["reward_extra"])["rm/rm"], 6) for s in samples}) > 1   # a model, not a constant
+
+    # the rollout pod is gone (scaled to zero), its log is kept in the run (issue 36)
+    def kept_logs():
+        infos = fs.get_file_info(pafs.FileSelector(f"{run}/logs", allow_not_found=True))
+        texts = [fs.open_input_stream(i.path).read().decode() for i in infos if i.base_name.startswith(f"{name}-rollout-")]
+        return [t for t in texts if "stopping: letting running calls finish" in t]
+    [log_text] = wait_for("the rollout pod's kept log", kept_logs, timeout=120, interval=3)
+    assert "rollout server" in log_text and "agent loop: tools ['lookup']" in log_text
