@@ -59,6 +59,18 @@ def run(argv: list[str]) -> int:
         return 1
 
 
+def _settings_parser(settings_mod) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="grpo operator",
+        description="The GRPOJob operator (kopf): reconciles GRPOJobs into trainer Jobs and rollout "
+                    "Deployments. Credentials: in-cluster ServiceAccount, else KUBECONFIG. Every option "
+                    "can also be set by its environment variable (the Helm chart does). "
+                    "`grpo operator check-uninstall` (the chart's pre-delete hook) exits 1 while a GRPOJob "
+                    "it serves is unfinished.")
+    settings_mod.add_arguments(parser)
+    return parser
+
+
 def report(argv: list[str]) -> int:
     """Plot a run's metrics (PNG) and summarise it."""
     parser = argparse.ArgumentParser(prog="grpo report", description="Plot a run's metrics (PNG) and summarise it.")
@@ -80,13 +92,16 @@ def report(argv: list[str]) -> int:
 def operator(argv: list[str]) -> int:
     """Run the Kubernetes operator that turns GRPOJobs into trainer and rollout pods."""
     from grpo_operator import settings as settings_mod
-    parser = argparse.ArgumentParser(
-        prog="grpo operator",
-        description="The GRPOJob operator (kopf): reconciles GRPOJobs into trainer Jobs and rollout "
-                    "Deployments. Credentials: in-cluster ServiceAccount, else KUBECONFIG. Every option "
-                    "can also be set by its environment variable (the Helm chart does).")
+    if argv[:1] == ["check-uninstall"]:     # the chart's pre-delete hook (grpo_operator.uninstall_check)
+        from grpo_operator.uninstall_check import check_uninstall
+        try:
+            settings = settings_mod.from_arguments(_settings_parser(settings_mod).parse_args(argv[1:]))
+        except ValueError as exc:
+            print(f"grpo operator check-uninstall: {exc}", file=sys.stderr)
+            return 2
+        return check_uninstall(settings.namespaces)
+    parser = _settings_parser(settings_mod)
     parser.add_argument("--verbose", action="store_true", help="debug logging")
-    settings_mod.add_arguments(parser)
     args = parser.parse_args(argv)
     try:
         settings = settings_mod.from_arguments(args)

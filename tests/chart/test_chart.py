@@ -31,7 +31,7 @@ def test_helm_lint_passes_strict(helm, variant):
 def test_defaults_render_the_operator(helm):
     docs = render(helm)
     assert sorted({d["kind"] for d in docs}) == [
-        "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "Service", "ServiceAccount"]
+        "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "Job", "Service", "ServiceAccount"]
     (deploy,) = find(docs, "Deployment")
     spec = deploy["spec"]
     assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
@@ -49,6 +49,19 @@ def test_defaults_render_the_operator(helm):
     assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
     (binding,) = find(docs, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "grpo-grpo-operator", "namespace": "grpo-system"}]
+
+
+def test_uninstall_is_checked_by_a_pre_delete_hook_of_the_operator_image(helm):
+    """The hook (issue 36) runs `grpo operator check-uninstall` (tests/operator/test_operator_admin.py
+    runs that command under the chart's RBAC) as the operator's ServiceAccount, scoped like it."""
+    (job,) = find(render(helm, "--set", "watchNamespaces={team-a,team-b}"), "Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    pod = job["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert pod["serviceAccountName"] == "grpo-grpo-operator" and pod["restartPolicy"] == "Never"
+    assert c["image"] == "ghcr.io/grpo-operator/operator:0.1.0" and c["args"] == ["check-uninstall"]
+    assert {e["name"]: e["value"] for e in c["env"]} == {"GRPO_OPERATOR_NAMESPACES": "team-a,team-b"}
+    assert find(render(helm, "--set", "uninstallCheck.enabled=false"), "Job") == []
 
 
 def _env(docs) -> dict[str, str]:

@@ -8,12 +8,14 @@ the suite's slowest kind of test."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
+from .conftest import OPERATOR_NAMESPACE
 from .e2e_helpers import (MODELS_MOUNT, S3_BUCKET, apply, describe, make_assets, metrics, new_namespace,
                           quickstart_job, run_path, status, wait_for, wait_phase)
 
@@ -73,6 +75,14 @@ def test_a_job_with_tools_and_a_reward_model_runs_both_in_its_pods(cluster, oper
                                                       .get("status") or {}).get("readyReplicas"),
              timeout=600, interval=3, diagnose=describe(cluster, ns, name))
     assert cluster.get("service", f"{name}-rm-rm", "-n", ns)["spec"]["clusterIP"] == "None"   # headless
+    # While it runs, `helm uninstall` is refused by the chart's pre-delete hook (issue 36): the
+    # release stays, and the hook's log names the job.
+    refused = subprocess.run([cluster.helm_bin, "--kubeconfig", str(cluster.kubeconfig), "uninstall", "grpo",
+                              "-n", OPERATOR_NAMESPACE, "--timeout", "180s"], capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0 and "pre-delete" in refused.stderr, refused.stdout + refused.stderr
+    hook_log = cluster.kubectl("logs", "-n", OPERATOR_NAMESPACE, "job/grpo-grpo-operator-uninstall-check").stdout
+    assert f"{ns}/{name} (" in hook_log and "refusing to uninstall" in hook_log, hook_log
+    assert "STATUS: deployed" in cluster.helm("status", "grpo", "-n", OPERATOR_NAMESPACE).stdout
     wait_for("the job to finish", lambda: status(cluster, ns, name).get("phase") in ("Succeeded", "Failed"),
              timeout=1200, interval=3, diagnose=describe(cluster, ns, name))
     assert wait_phase(cluster, ns, name, {"Succeeded"}, timeout=60)["progress"]["step"] == STEPS

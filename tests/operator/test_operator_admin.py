@@ -155,3 +155,34 @@ def test_a_missing_secret_is_named_and_fails_the_job_after_a_short_grace(k):
     eventually(lambda: k.deployment().spec.replicas == 0, what="rollout scaled to zero")
     unreadable = k.condition("ProgressUnreadable")
     assert unreadable is None or unreadable["status"] == "False"       # file:// storage: readable, no hint
+
+
+def test_helm_uninstall_is_refused_while_a_job_is_unfinished(k, operator_kubeconfig):
+    """Issue 36: `helm uninstall` with jobs running gave no warning, and a job that then finished
+    kept its rollout pod (and its GPUs) and read Running. The chart's pre-delete hook runs
+    `grpo operator check-uninstall` as the operator's ServiceAccount (its RBAC is the chart's):
+    it fails, naming the unfinished jobs, and succeeds once none is left."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    grpo = Path(sys.executable).parent / "grpo"
+
+    def check(namespaces=""):
+        env = {**os.environ, "KUBECONFIG": str(operator_kubeconfig), "GRPO_OPERATOR_NAMESPACES": namespaces}
+        return subprocess.run([str(grpo), "operator", "check-uninstall"], env=env, capture_output=True, text=True,
+                              timeout=120)
+
+    k.create("live")
+    k.create("done", **{"rollout.template": {"spec": {"hostNetwork": True}}})   # refused: finished, Failed
+    k.wait_phase("Failed", name="done")
+    refused = check()
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"{k.ns}/live (" in refused.stderr and f"{k.ns}/done" not in refused.stderr
+    assert "helm uninstall --no-hooks" in refused.stderr
+    assert check(namespaces="some-other-namespace").returncode == 0      # watchNamespaces: only those
+    k.custom.delete_namespaced_custom_object("grpo.dev", "v1alpha1", k.ns, "grpojobs", "live")
+    eventually(lambda: k.get("live") is None, timeout=60, what="the live job gone")
+    allowed = check()
+    assert allowed.returncode == 0 and "can be uninstalled" in allowed.stdout, allowed.stdout + allowed.stderr
