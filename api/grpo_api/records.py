@@ -62,6 +62,10 @@ class RunLayout:
     def rollout_shard(self, step: int, shard: str) -> str:
         return self._join("rollouts", f"step-{step}", f"{shard}.parquet")
 
+    def accepted_rollouts(self, step: int) -> str:
+        """The step's record of the rollout shards it trained on (grpo_api.rollout_history.AcceptedRollouts)."""
+        return self._join("rollouts", f"step-{step}", "accepted.json")
+
     def step_dir(self, kind: str, step: int) -> str:
         """`prompts`, `rollouts`, `checkpoints` or `hf` folder of one step."""
         return self._join(kind, f"step-{step}")

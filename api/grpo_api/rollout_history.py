@@ -1,11 +1,15 @@
 """A run's rollout history read back from its object storage (`grpo rollouts export`, issue 35).
 
 Every training step keeps its rollout shards under `<run>/rollouts/step-N/` (records.py). Only
-accepted shards count, by the dispatcher's rule (grpo_trainer.rollout_client): a shard is tried
-again, as `<shard>-attempt-<K+1>`, only after attempt K failed, and a failed attempt may still
-write its file late; so of each shard the highest attempt is the one the trainer read. A step
-counts once the trainer has trained it (progress.json's `step`): the shards of a step still in
-progress may be a failed attempt whose retry is under way, so they are skipped, never an error.
+accepted shards count: trainer rank 0 records the ones it trains on in `accepted.json` beside
+them before the update (`AcceptedRollouts`). Runs written before that record existed fall back
+to the dispatcher's rule (grpo_trainer.rollout_client): a shard is tried again, as
+`<shard>-attempt-<K+1>`, only after attempt K failed, and a failed attempt may still write its
+file late; so of each shard the highest attempt is the one the trainer read. That rule is wrong
+after a restart, whose attempts count from 1 again below a killed trainer's higher ones: the
+record is why. A step counts once the trainer has trained it (progress.json's `step`): the
+shards of a step still in progress may be a failed attempt whose retry is under way, so they are
+skipped, never an error.
 
 Reads one shard at a time (bounded memory). No torch or transformers here: the command that
 decodes the ids lives in grpo_trainer.
@@ -13,10 +17,11 @@ decodes the ids lives in grpo_trainer.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -42,6 +47,39 @@ EXPORT_SCHEMA = pa.schema([
                                                *ROLLOUT_OPTIONAL)],
 ])
 """One row per sample. `grpo rollouts export` adds prompt_text and response_text after it."""
+
+
+@dataclass
+class AcceptedRollouts:
+    """What one step trained on, as trainer rank 0 records it before the update
+    (`RunLayout.accepted_rollouts`): enough to read the same samples again and to know how they
+    were trained (`grpo replay`)."""
+
+    step: int
+    shards: list[str]              # rollout shard file names in rollouts/step-N/, in the order read
+    keep: list[int] | None         # dynamic sampling: the prompts trained on (None: all)
+    off_policy: bool               # the PPO ratio's old policy was the engine's log-probs
+    world_size: int                # trainer ranks (each trains its share of every mini-batch)
+    spec_sha256: str               # spec_digest of the trainer's resolved spec
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), indent=1).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> AcceptedRollouts:
+        try:
+            record = cls(**json.loads(data))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{where}: not an accepted-rollouts record: {exc}") from None
+        if any("/" in name for name in record.shards):
+            raise ValueError(f"{where}: a shard outside its step's folder: {record.shards}")
+        return record
+
+
+def spec_digest(spec: dict) -> str:
+    """sha256 of a resolved spec (GRPOJobSpec.model_dump(mode="json", by_alias=True)): the same
+    spec, the same digest, whichever process dumped it."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 
 class RunNotFound(ValueError):
@@ -128,8 +166,20 @@ class RolloutHistory:
                 steps.append(int(m.group(1)))
         return sorted(steps)
 
+    def accepted(self, step: int) -> AcceptedRollouts | None:
+        """The step's record of what it trained on; None for a run written before it existed."""
+        where = self.layout.accepted_rollouts(step)
+        try:
+            return AcceptedRollouts.from_json(self.storage.read_bytes(where), where)
+        except FileNotFoundError:
+            return None
+
     def accepted_shards(self, step: int) -> dict[str, str]:
-        """{shard: URI} of the step's accepted training shards (each shard's highest attempt)."""
+        """{shard: URI} of the step's accepted training shards: those its record names, else (an
+        older run) each shard's highest attempt."""
+        if (record := self.accepted(step)) is not None:
+            folder = self.layout.step_dir("rollouts", step)
+            return {_shard_name(name): f"{folder}/{name}" for name in record.shards}
         best: dict[str, tuple[int, str]] = {}
         for uri in self.storage.list(self.layout.step_dir("rollouts", step)):
             m = _TRAIN_SHARD.match(uri.rsplit("/", 1)[-1])
@@ -152,6 +202,11 @@ class RolloutHistory:
                 table = export_table(self.storage.read_table(uri), step, shard)
                 mask = filters.mask(table)
                 yield table if mask is None else table.filter(mask)
+
+
+def _shard_name(file_name: str) -> str:
+    m = _TRAIN_SHARD.match(file_name)
+    return m["shard"] if m else file_name.removesuffix(".parquet")
 
 
 def export_table(shard: pa.Table, step: int, shard_name: str) -> pa.Table:

@@ -182,9 +182,10 @@ def decide(job: GRPOJob | None, errors: list[str], status: GRPOJobStatus, obs: O
     if obs.progress is not None:
         _resumed(s, status.progress, obs.progress)
         s.progress = obs.progress
-    if job is not None and job.spec.trainer.total_steps is not None and (s.progress is None or s.progress.total_steps is None):
+    total = job.spec.trainer.total_steps if job is not None else None
+    if total is not None and (s.progress is None or s.progress.total_steps is None):
         # The Total column from the first second, before the trainer's first report.
-        s.progress = (s.progress or Progress()).model_copy(update={"total_steps": job.spec.trainer.total_steps})
+        s.progress = (s.progress or Progress()).model_copy(update={"total_steps": total})
     if obs.progress_read:
         _progress_readable(s, obs.progress_error, obs.progress_hint or DEFAULT_PROGRESS_HINT)
     if errors:

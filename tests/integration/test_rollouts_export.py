@@ -1,7 +1,8 @@
 """Issue 35 item 1, `grpo rollouts export RUN`, on a real run: torchrun (2 ranks, gloo), 2 `grpo
 rollout` servers, file:// storage, the tiny model; then the same run's files in a real S3 server.
 
-- one row per sample of the accepted shards only (a late orphaned attempt is left out), with the
+- one row per sample of the accepted shards only (those the step's accepted.json names; in a run
+  written before it, each shard's highest attempt: a late orphaned attempt is left out), with the
   ids and rewards the shards hold and the text the tokenizer decodes from the ids;
 - the filters select what a hand filter of the full export selects;
 - parquet and JSONL both load (pyarrow and json; Hugging Face `datasets` too where installed);
@@ -12,6 +13,7 @@ rollout` servers, file:// storage, the tiny model; then the same run's files in 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import shutil
 import subprocess
@@ -75,18 +77,31 @@ def key(row: dict) -> tuple:
     return row["step"], row["prompt_index"], row["sample_index"]
 
 
+def orphan_of(shard: Path, attempt: int) -> None:
+    """A failed attempt's late write beside `shard`: its rows, rewards 99."""
+    table = pq.read_table(shard)
+    table = table.set_column(table.schema.get_field_index("reward"), "reward",
+                             pa.array([99.0] * table.num_rows, pa.float32()))
+    name = re.sub(r"-attempt-\d+\.parquet$", f"-attempt-{attempt}.parquet", shard.name)
+    pq.write_table(table, shard.with_name(name))
+
+
 def test_export_is_every_accepted_sample_with_its_decoded_text(run, tiny_model, tmp_path):
     from transformers import AutoTokenizer
     truth = {key(r): r for r in shard_rows(run)}
-    # A late write of a failed attempt: the trainer read the retry (attempt 2), not this file.
+    # Step 3: the trainer recorded the shards it read (accepted.json); a higher attempt beside
+    # them is a killed trainer's, from before a restart counted attempts from 1 again.
+    record = json.loads((run / "rollouts" / "step-3" / "accepted.json").read_text())
+    assert len(record["shards"]) == 2 and record["world_size"] == 2 and record["keep"] is None, record
+    orphan_of(run / "rollouts" / "step-3" / record["shards"][0], attempt=5)
+    # Step 2 as a run written before that record: the highest attempt is the accepted one, so the
+    # trainer read the retry (attempt 2), and attempt 1 is a late write of the failed one.
     step2 = run / "rollouts" / "step-2"
+    (step2 / "accepted.json").unlink()
     accepted = sorted(step2.glob("train-*-attempt-1.parquet"))[0]
     retry = accepted.with_name(accepted.name.replace("-attempt-1", "-attempt-2"))
     accepted.rename(retry)
-    orphan = pq.read_table(retry)
-    orphan = orphan.set_column(orphan.schema.get_field_index("reward"), "reward",
-                               pa.array([99.0] * orphan.num_rows, pa.float32()))
-    pq.write_table(orphan, accepted)
+    orphan_of(retry, attempt=1)
 
     out = tmp_path / "all.parquet"
     res = export(run, "-o", out)

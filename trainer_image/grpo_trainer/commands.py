@@ -164,7 +164,7 @@ def export(argv: list[str]) -> int:
         print(f"error: {uri} is not a complete checkpoint (no {MANIFEST})", file=sys.stderr)
         return 2
     try:
-        key = _export_key(uri, args.key_file)
+        key = checkpoint_key(uri, args.key_file)
         weights, state = load_full_state_dict(uri, storage, key)
     except (signing.CheckpointKeyError, signing.ManifestError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -188,7 +188,7 @@ def export(argv: list[str]) -> int:
     return 0
 
 
-def _export_key(uri: str, key_file: str | None) -> bytes:
+def checkpoint_key(uri: str, key_file: str | None) -> bytes:
     """--key-file, else GRPO_CHECKPOINT_KEY, else (a local run's checkpoint) the run's key file."""
     from pathlib import Path
 

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from grpo_api.model_cache import local_model
 from grpo_api.records import RunLayout
+from grpo_api.rollout_history import AcceptedRollouts, spec_digest
 from grpo_api.rpc import ClientAuth
 from grpo_api.spec import GRPOJob
 from grpo_api.storage import Storage, job_root
@@ -53,6 +54,10 @@ class Trainer:
         started = time.time()
         self._stop_flag = False      # set by SIGTERM (request_stop)
         self.job, self.spec = job, job.spec
+        # The resolved job as checkpoints keep it and its digest as each step records it, so that
+        # `grpo replay` retrains a step under the spec it was trained with.
+        self.job_json = job.model_dump(mode="json", by_alias=True, exclude={"status"})
+        self.spec_sha256 = spec_digest(self.job_json["spec"])
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         setup_logging(self.rank)
         self.device = training_device(self.spec.trainer.device)
@@ -149,6 +154,8 @@ class Trainer:
         start = time.perf_counter()
         # 1-2: prompts out, scored rollouts back
         batch, samples = self.rollouts.next(step, self.state.policy_version)
+        if self.rank == 0:
+            self._record_accepted(step, batch)
         # 3: advantages, log-probs, the update
         update = self.actor.train_on(samples, off_policy=batch.off_policy, step=step)
         # 4: new weights to every rollout server, once the next step's generation (on these
@@ -159,6 +166,13 @@ class Trainer:
         timings["timing_s/step"] = time.perf_counter() - start
         return {**step_metrics(step, self.state.policy_version, samples, batch, update, timings, world=self.world,
                                device=self.device), **self.rollouts.metrics()}
+
+    def _record_accepted(self, step: int, batch: rollouts.RolloutBatch) -> None:
+        """Which rollout shards this step trains on, beside them (before the update): export and
+        replay read these, never a guess from the attempt numbers (a restart counts them anew)."""
+        record = AcceptedRollouts(step=step, shards=[uri.rsplit("/", 1)[-1] for uri in batch.uris], keep=batch.keep,
+                                  off_policy=batch.off_policy, world_size=self.world, spec_sha256=self.spec_sha256)
+        self.storage.write_bytes(self.layout.accepted_rollouts(step), record.to_json())
 
     # --- stopping, checkpoints, progress -------------------------------------------------------
 
@@ -186,6 +200,7 @@ class Trainer:
                 "validation_score": self.validator.score,
                 "trackers": self.metrics.tracker_runs() if self.metrics else {},
                 "model": self.spec.model.model_dump(mode="json", by_alias=True),
+                "job": self.job_json, "world_size": self.world, "total_steps": self.total_steps,
                 **({"lora_config": self.lora_config} if self.lora_config else {})}
 
     def _write_progress(self, metrics: dict[str, float]) -> None:
