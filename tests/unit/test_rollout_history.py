@@ -1,5 +1,6 @@
 """grpo_api.rollout_history (issue 35): which shard files of a step are the accepted training
-ones, and the --steps syntax. The export on a real run: tests/integration/test_rollouts_export.py."""
+ones (the step's accepted.json, else each shard's highest attempt), and the --steps syntax. The
+export on a real run: tests/integration/test_rollouts_export.py."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 
 import pytest
 
-from grpo_api.rollout_history import RolloutHistory, RunNotFound, parse_steps
+from grpo_api.rollout_history import AcceptedRollouts, RolloutHistory, RunNotFound, parse_steps, spec_digest
 from grpo_api.storage import Storage
 
 
@@ -28,6 +29,32 @@ def test_each_shards_highest_attempt_of_training_shards_only(tmp_path):
         "train-shard-001": "train-shard-001-attempt-1.parquet",
         "train-r0-shard-000": "train-r0-shard-000-attempt-10.parquet",
     }
+
+
+def test_the_steps_record_names_its_shards_whatever_the_attempts(tmp_path):
+    # A restarted trainer counts attempts from 1 again: attempt 1 is its, attempt 2 a killed one's.
+    step = tmp_path / "rollouts" / "step-3"
+    step.mkdir(parents=True)
+    for name in ("train-shard-000-attempt-1", "train-shard-000-attempt-2", "train-r0-shard-000-attempt-1"):
+        (step / f"{name}.parquet").write_bytes(b"")
+    shards = ["train-shard-000-attempt-1.parquet", "train-r0-shard-000-attempt-1.parquet"]
+    record = AcceptedRollouts(step=3, shards=shards, keep=[0, 2], off_policy=False, world_size=2, spec_sha256="x")
+    (step / "accepted.json").write_bytes(record.to_json())
+    history = RolloutHistory(str(tmp_path), Storage())
+    assert history.accepted(3) == record and history.accepted(4) is None
+    assert history.accepted_shards(3) == {"train-shard-000": f"file://{step}/train-shard-000-attempt-1.parquet",
+                                          "train-r0-shard-000": f"file://{step}/train-r0-shard-000-attempt-1.parquet"}
+    (step / "accepted.json").write_text(json.dumps({**json.loads(record.to_json()), "shards": ["../step-2/x.parquet"]}))
+    with pytest.raises(ValueError, match="outside its step's folder"):
+        history.accepted(3)
+    (step / "accepted.json").write_text("{}")
+    with pytest.raises(ValueError, match="accepted.json: not an accepted-rollouts record"):
+        history.accepted(3)
+
+
+def test_spec_digest_is_of_the_content_not_the_key_order():
+    assert spec_digest({"a": 1, "b": {"c": [1, 2]}}) == spec_digest({"b": {"c": [1, 2]}, "a": 1})
+    assert spec_digest({"a": 1}) != spec_digest({"a": 2})
 
 
 def test_not_a_run(tmp_path):
