@@ -26,4 +26,5 @@ install_prometheus() {
 command -v prometheus >/dev/null || install_prometheus \
   || echo "warning: could not install prometheus (the dashboard test will fail)" >&2
 export GRPO_REQUIRE_CONTROLPLANE=1 GRPO_REQUIRE_S3=1 GRPO_REQUIRE_PROMETHEUS=1 GRPO_REQUIRE_E2E=1
-python -m pytest -ra "$@"
+# The slowest tests are listed (the suite has a time budget: keep an eye on them).
+python -m pytest -ra --durations=25 "$@"

@@ -61,7 +61,7 @@ def test_a_job_with_tools_and_a_reward_model_runs_both_in_its_pods(cluster, oper
     spec["data"].update({"trainFiles": [f"s3://{LOOKUP_DATA}/train.parquet"],
                          "valFiles": [f"s3://{LOOKUP_DATA}/test.parquet"],
                          "trainBatchSize": 16, "maxPromptLength": 24, "maxResponseLength": 14})
-    spec["trainer"].update({"miniBatchSize": 16, "valBeforeTrain": False})
+    spec["trainer"].update({"miniBatchSize": 16, "microBatchSizePerGPU": 128, "valBeforeTrain": False})
     spec["rollout"]["multiTurn"] = {"enable": True, "tools": ["grpo_rollout.tool_task:lookup"],
                                     "maxAssistantTurns": 3}
     spec["reward"] = {
