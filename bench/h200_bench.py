@@ -608,7 +608,7 @@ def cmd_step(args) -> None:
         emit(args, "step", label=args.label, sets=args.set, engine=args.engine, weight_sync=args.weight_sync,
              compiled=not args.no_compile,
              max_staleness=args.max_staleness, rollout_gpu=args.rollout_gpu,
-             weight_path="cuda_ipc" if trainer.publisher._colocated and all(trainer.publisher._colocated.values())
+             weight_path="cuda_ipc" if trainer.publisher._info and all(c for c, _ in trainer.publisher._info.values())
              else args.weight_sync,
              steps=rows, warmup=args.warmup, max_tokens_per_gpu=args.max_tokens[0],
              **{f"median_{k.removeprefix('timing_s/')}": v for k, v in summary.items()},

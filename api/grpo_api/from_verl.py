@@ -555,6 +555,7 @@ RULES: tuple[Rule, ...] = (
     Map("actor_rollout_ref.model.lora.target_modules", "model.lora.targetModules", "a list, all-linear or a,b,c",
         _lora_only(_target_modules)),
     Map("actor_rollout_ref.model.lora.dropout", "model.lora.dropout", "only with LoRA", _lora_only()),
+    Map("actor_rollout_ref.model.lora.merge", "model.lora.merge", "only with LoRA", _lora_only()),
     Map("actor_rollout_ref.model.lora_adapter_path", "model.lora.adapterPath", "a local or mounted folder",
         _adapter_path),
     Refuse("actor_rollout_ref.model.exclude_modules", "LoRA's exclude_modules is not supported: name the "

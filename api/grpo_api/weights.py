@@ -9,8 +9,9 @@ Pure Python: no torch.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from grpo_api.proto import rollout_pb2 as pb
@@ -136,6 +137,27 @@ def plan_buckets(tensors: Iterable[TensorSpec], bucket_size: int) -> list[Bucket
     return buckets
 
 
+# -- LoRA adapters (an adapter-only sync, rollout.proto's LoraAdapters) -----------------------
+
+LORA_A, LORA_B = "lora_A", "lora_B"
+
+
+def lora_tensor_name(module: str, which: str) -> str:
+    """How an adapter travels: `<module>.lora_A.weight` / `<module>.lora_B.weight` (PEFT's file
+    names without its `base_model.model.` prefix; `module` is the engine's, e.g.
+    model.layers.0.self_attn.q_proj)."""
+    return f"{module}.{which}.weight"
+
+
+def split_lora_name(name: str) -> tuple[str, str]:
+    """(module, "lora_A" | "lora_B") of an adapter tensor's name; ValueError for anything else."""
+    stem = name.removesuffix(".weight")
+    module, _, which = stem.rpartition(".")
+    if stem == name or which not in (LORA_A, LORA_B) or not module:
+        raise ValueError(f"{name!r} is not an adapter tensor (<module>.lora_A.weight or <module>.lora_B.weight)")
+    return module, which
+
+
 def total_bytes(buckets: Sequence[Bucket]) -> int:
     return sum(b.nbytes for b in buckets)
 
@@ -145,6 +167,24 @@ def total_bytes(buckets: Sequence[Bucket]) -> int:
 def tensor_meta(t: PlacedTensor) -> pb.TensorMeta:
     return pb.TensorMeta(name=t.spec.name, shape=list(t.spec.shape), dtype=t.spec.dtype,
                          offset=t.offset, nbytes=t.nbytes)
+
+
+def lora_to_proto(scaling: Mapping[str, float] | None) -> pb.LoraAdapters | None:
+    return None if scaling is None else pb.LoraAdapters(scaling=dict(scaling))
+
+
+def lora_from_proto(msg, field: str = "lora") -> dict[str, float] | None:
+    """The LoraAdapters of a WeightChunk or WeightSyncPlan (None: the sync carries whole
+    weights), checked: every scaling a finite number."""
+    if not msg.HasField(field):
+        return None
+    scaling = dict(getattr(msg, field).scaling)
+    if not scaling:
+        raise ValueError("an adapter sync names no module (LoraAdapters.scaling is empty)")
+    bad = [m for m, s in scaling.items() if not math.isfinite(s)]
+    if bad:
+        raise ValueError(f"LoraAdapters.scaling of {bad[0]!r} is {scaling[bad[0]]}, not a finite number")
+    return scaling
 
 
 def bucket_to_proto(bucket: Bucket) -> pb.WeightBucket:

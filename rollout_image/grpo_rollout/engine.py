@@ -10,7 +10,7 @@ select the candidates; greedy decoding (T = 0) reports `log_softmax(logits)` (T 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -82,12 +82,27 @@ class EngineInfo:
     """Sequences generated at once: a load hint for the trainer's dispatcher."""
 
 
+@dataclass(frozen=True)
+class LoraAdapter:
+    """One module's LoRA adapter as an adapter-only sync brings it: the module's weight becomes
+    W_base + scaling x B @ A."""
+    a: "torch.Tensor"
+    """[r, in_features]"""
+    b: "torch.Tensor"
+    """[out_features, r]"""
+    scaling: float
+
+
 class Engine(ABC):
     """A model that generates, and whose weights can be replaced in place."""
 
     policy_version: int = 0
     """Version of the weights it holds; -1 while an update is half-applied. The weight receiver
     sets it; the engine only stores it."""
+
+    accepts_lora_adapters: bool = False
+    """It applies LoRA adapters itself (`load_lora_adapters`), so a LoRA policy's trainer sends
+    it the adapters alone; otherwise the merged weights (rollout.proto's Info)."""
 
     @abstractmethod
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[Sample]]:
@@ -108,6 +123,12 @@ class Engine(ABC):
         buffer = cuda_ipc.open_buffer(ipc, self.device)
         self.load_weights(cuda_ipc.views(buffer, entries))
         torch.cuda.synchronize(self.device)
+
+    def load_lora_adapters(self, adapters: "Mapping[str, LoraAdapter]") -> None:
+        """Make the weights the base model's (as loaded) with `adapters` (by module name) merged
+        in: W = W_base + scaling x B @ A in float32, in the engine's dtype; every other weight
+        the base's. Bad modules or shapes are a ValueError before anything is copied."""
+        raise NotImplementedError(f"{type(self).__name__} takes merged weights only")
 
     @abstractmethod
     def info(self) -> EngineInfo:

@@ -176,6 +176,8 @@ class _SlotDecode:
 
 
 class HFEngine(Engine):
+    accepts_lora_adapters = True   # load_lora_adapters, from the base weights read again
+
     def __init__(self, model_path: str | Path, *, dtype: str = "float32", device: str = "cpu",
                  max_batch_sequences: int | None = None, seed: int = 0, tokenizer_path: str | Path | None = None,
                  trust_remote_code: bool = False):
@@ -184,6 +186,7 @@ class HFEngine(Engine):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self._model_path = str(model_path)
+        self._dtype, self._trust_remote_code = getattr(torch, dtype), trust_remote_code
         self._device = torch.device(device)
         if self._device.type == "cuda" and self._device.index is None:
             # An explicit index: the collective path pins this GPU with torch.cuda.set_device.
@@ -202,6 +205,10 @@ class HFEngine(Engine):
         # Requests without a seed still get reproducible samples: their seeds come from here.
         self._seeds = torch.Generator().manual_seed(seed)
         self._targets = self.model.state_dict(keep_vars=True)
+        # LoRA (load_lora_adapters): the base weights it needs, read again from the model's files
+        # at the first adapter sync; and which weights are no longer the base's.
+        self._base: dict[str, torch.Tensor] = {}
+        self._not_base: set[str] = set()
         # transformers 5.x renamed the forward's `past_key_values` to `cache`; the cache object
         # is updated in place either way, so we keep our own reference to it.
         self._cache_kwarg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
@@ -322,3 +329,45 @@ class HFEngine(Engine):
                 raise ValueError(f"{name}: shape {tuple(tensor.shape)} does not match the model's {tuple(target.shape)}")
         for name, tensor in batch:
             self._targets[name].copy_(tensor)
+            self._not_base.add(name)
+
+    @torch.no_grad()
+    def load_lora_adapters(self, adapters) -> None:
+        weights = {module: f"{module}.weight" for module in adapters}
+        for module, adapter in adapters.items():
+            target = self._targets.get(weights[module])
+            if target is None or target.ndim != 2:
+                raise ValueError(f"LoRA adapter for {module!r}: {self._model_path} has no linear layer of that name")
+            rank = adapter.a.shape[0] if adapter.a.ndim == 2 else -1
+            if (rank < 1 or tuple(adapter.a.shape) != (rank, target.shape[1])
+                    or tuple(adapter.b.shape) != (target.shape[0], rank)):
+                raise ValueError(f"LoRA adapter for {module!r}: A {tuple(adapter.a.shape)} and B "
+                                 f"{tuple(adapter.b.shape)} don't fit its weight {tuple(target.shape)}")
+        # Every weight that isn't the base's (an earlier merged update, or an adapter not sent
+        # now) goes back to it; the adapted ones are recomputed from it: nothing accumulates.
+        restore = self._not_base - set(weights.values())
+        base = self._base_weights([*weights.values(), *restore])
+        for name in restore:
+            self._targets[name].copy_(base[name])
+        for module, adapter in adapters.items():
+            w = base[weights[module]]
+            a, b = adapter.a.to(self._device), adapter.b.to(self._device)
+            # grpo_trainer.lora.merge, the trainer's merged weights, exactly: the same float32 math.
+            self._targets[weights[module]].copy_((w.float() + adapter.scaling * (b.float() @ a.float())).to(w.dtype))
+        self._not_base = set(weights.values())
+
+    def _base_weights(self, names) -> dict[str, torch.Tensor]:
+        """The named weights as this engine loaded them: the model's files, read again (once) with
+        the same loader and dtype. Kept on the engine's device: one more copy of the adapted
+        weights (`grpo rollout --no-lora-adapters` takes merged weights instead, without it)."""
+        missing = [n for n in names if n not in self._base]
+        if missing:
+            from transformers import AutoModelForCausalLM
+            log.info("hf engine: reading the base weights of %d tensors for LoRA adapters from %s", len(missing),
+                     self._model_path)
+            loaded = AutoModelForCausalLM.from_pretrained(self._model_path, dtype=self._dtype,
+                                                          trust_remote_code=self._trust_remote_code).state_dict()
+            for n in missing:
+                self._base[n] = loaded[n].to(self._device)
+            del loaded
+        return self._base

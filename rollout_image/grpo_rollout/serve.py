@@ -41,6 +41,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reward-model", action="append", default=[], metavar="NAME=HOST:PORT[,HOST:PORT]",
                    help="servers of a reward model of spec.reward.rewardModels (repeatable; default: "
                         "$GRPO_REWARD_ADDRESSES, 'name=host:port,...;name2=...')")
+    p.add_argument("--no-lora-adapters", dest="lora_adapters", action="store_false",
+                   help="take a LoRA policy as merged weights, as vLLM does, not its adapters alone (the hf engine "
+                        "then keeps no second copy of the adapted base weights; the trainer sends merged weights "
+                        "to a server that says so in Info)")
     return p
 
 
@@ -130,7 +134,8 @@ def _start(args, job, spec, token, tls, worker_id, metrics, rewards, holder):
     engine = build_engine(spec, model, device=_device(args.device))
     try:
         worker = RolloutWorker(spec=spec, engine=engine, rewards=rewards, storage=Storage(spec.storage),
-                               worker_id=worker_id, metrics=metrics, reward_models=reward_models)
+                               worker_id=worker_id, metrics=metrics, reward_models=reward_models,
+                               lora_adapters=args.lora_adapters)
         holder["worker"] = worker
         return start_server(RolloutServicer(worker), token, host=args.host, port=args.port, tls=tls)
     except BaseException:

@@ -15,7 +15,7 @@ import grpc
 from grpo_api.proto import rollout_pb2 as pb
 from grpo_api.proto import rollout_pb2_grpc as pb_grpc
 from grpo_api.rpc import TLS_CERT_ENV, TLS_KEY_ENV, ServerTLS, TokenAuthInterceptor, listen, server_options
-from grpo_api.weights import bucket_from_proto
+from grpo_api.weights import bucket_from_proto, lora_from_proto
 from grpo_rollout import cuda_ipc
 from grpo_rollout.weights import CollectivePlan, WeightSyncConflict
 from grpo_rollout.worker import GenerateJob, RolloutWorker, SamplingOverrides
@@ -82,7 +82,7 @@ def plan_from_proto(plan: pb.WeightSyncPlan) -> CollectivePlan:
         world_size=plan.world_size, rank=plan.rank, backend=plan.backend,
         buckets=tuple(bucket_from_proto(i, b) for i, b in enumerate(plan.buckets)),
         timeout_seconds=plan.timeout_seconds or 600.0, ipc=ipc,
-        ipc_bucket_offsets=tuple(plan.ipc.bucket_offsets) if ipc else ())
+        ipc_bucket_offsets=tuple(plan.ipc.bucket_offsets) if ipc else (), lora=lora_from_proto(plan))
 
 
 class RolloutServicer(pb_grpc.RolloutServicer):
@@ -121,7 +121,8 @@ class RolloutServicer(pb_grpc.RolloutServicer):
         return pb.InfoReply(worker_id=self.worker.worker_id, model=i.model, engine=i.engine,
                             policy_version=self.worker.weights.version, capacity=i.capacity,
                             num_parameters=i.num_parameters, device=i.device,
-                            device_uuid=cuda_ipc.device_uuid(self.worker.engine.device))
+                            device_uuid=cuda_ipc.device_uuid(self.worker.engine.device),
+                            accepts_lora_adapters=self.worker.weights.accepts_lora_adapters)
 
 
 def start_server(servicer: RolloutServicer, token: str, *, host: str = "[::]", port: int = 0,

@@ -16,6 +16,14 @@ one, and bench/vllm_check.py is what ran it on an H200).
   parallelism (workers on several GPUs) they travel as one byte string instead. The prefix
   cache is reset afterwards: cached KV of the old weights is stale.
 
+- LoRA: this engine takes a LoRA policy as merged weights (`accepts_lora_adapters` stays False,
+  so the trainer sends it W + scaling x B @ A through the paths above). Adapter-only sync would
+  need the engine built with `enable_lora=True` (`max_lora_rank`, `max_loras=1`), each version's
+  adapter handed to the workers' LoRA manager from tensors (verl's TensorLoRARequest: the
+  tensors and the PEFT config in a LoRARequest, a new lora_int_id per version, the old one
+  removed) and every generate call made with that request; it is not built here (no GPU to
+  run vLLM on), and vLLM's LoRA kernels also cost decode time that a merged model doesn't.
+
 vLLM is imported only when this engine is built. The conversions are pure functions, tested
 without vLLM or a GPU (tests/rollout/test_vllm_adapter.py).
 """

@@ -15,6 +15,12 @@ until a complete one succeeds.
 - cuda_ipc (trainer on the same GPU): the plan names the trainer's weight buffer; the engine
   copies every bucket out of it, GPU to GPU (grpo_rollout.cuda_ipc). No group, no bytes on a
   wire: the plan is the whole message.
+
+An adapter-only sync (a LoRA policy, rollout.proto's LoraAdapters, over grpc or the collective)
+carries each adapted module's lora_A and lora_B instead of weights: they are kept as the buckets
+arrive and, once all are in, the engine merges them into the base weights it loaded
+(`Engine.load_lora_adapters`) and the version commits. The version reads -1 from the first
+bucket on, as for whole weights.
 """
 
 from __future__ import annotations
@@ -29,9 +35,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from grpo_api.weights import (WATCHDOG_MARGIN_SECONDS, Bucket, PlacedTensor, abort_group, placed_from_proto,
-                              wait_for_work)
+from grpo_api.weights import (LORA_A, LORA_B, WATCHDOG_MARGIN_SECONDS, Bucket, PlacedTensor, abort_group,
+                              lora_from_proto, placed_from_proto, split_lora_name, wait_for_work)
 from grpo_rollout import cuda_ipc
+from grpo_rollout.engine import LoraAdapter
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -85,11 +92,15 @@ class CollectivePlan:
     timeout_seconds: float
     ipc: cuda_ipc.IpcBuffer | None = None
     ipc_bucket_offsets: tuple[int, ...] = ()
+    lora: dict[str, float] | None = None
+    """An adapter-only sync: the scaling of every adapted module (rollout.proto's LoraAdapters)."""
 
     def __post_init__(self):
         if self.backend not in ("gloo", "nccl", "cuda_ipc"):
             raise ValueError(f"backend must be 'gloo', 'nccl' or 'cuda_ipc' (got {self.backend!r})")
         if self.backend == "cuda_ipc":
+            if self.lora is not None:
+                raise ValueError("backend cuda_ipc carries whole weights, not LoRA adapters")
             if self.ipc is None or len(self.ipc_bucket_offsets) != len(self.buckets):
                 raise ValueError("backend cuda_ipc needs the buffer and one offset per bucket")
             for bucket, base in zip(self.buckets, self.ipc_bucket_offsets):
@@ -159,9 +170,13 @@ class _Group:
 
 
 class WeightReceiver:
-    def __init__(self, engine: "Engine", engine_lock: threading.Lock, metrics: "RolloutMetrics | None" = None):
-        """engine_lock: held while weights are copied in, so no generation sees half a bucket."""
+    def __init__(self, engine: "Engine", engine_lock: threading.Lock, metrics: "RolloutMetrics | None" = None,
+                 *, lora_adapters: bool = True):
+        """engine_lock: held while weights are copied in, so no generation sees half a bucket.
+        lora_adapters: take adapter-only syncs when the engine can (False: merged weights only)."""
         self._engine = engine
+        self.accepts_lora_adapters = lora_adapters and engine.accepts_lora_adapters
+        """What Info reports: the trainer sends this server a LoRA policy's adapters alone."""
         self._engine_lock = engine_lock
         self._metrics = metrics
         self._update_lock = threading.Lock()  # one update (stream or collective) at a time
@@ -169,6 +184,8 @@ class WeightReceiver:
         self._pending_total = 0
         self._pending_loaded: set[int] = set()
         self._pending_started = 0.0
+        self._pending_lora: dict[str, float] | None = None     # an adapter sync: scaling by module
+        self._pending_adapters: dict[str, torch.Tensor] = {}    # its tensors received so far, by name
         self._group: _Group | None = None
         self._dead_groups: set[str] = set()
         self._thread: threading.Thread | None = None
@@ -187,32 +204,70 @@ class WeightReceiver:
 
     # -- shared by both backends -----------------------------------------------------------
 
-    def _begin(self, version: int, num_buckets: int) -> None:
+    def check_lora(self, lora: dict[str, float] | None) -> None:
+        """An adapter sync (`lora` not None) to a server that takes merged weights only: said at once."""
+        if lora is not None and not self.accepts_lora_adapters:
+            why = ("grpo rollout --no-lora-adapters" if self._engine.accepts_lora_adapters
+                   else f"its engine, {type(self._engine).__name__}, applies none")
+            raise ValueError(f"this server takes merged weights only, not LoRA adapters ({why}; "
+                             "Info.accepts_lora_adapters is false)")
+
+    def _begin(self, version: int, num_buckets: int, lora: dict[str, float] | None = None) -> None:
         if num_buckets < 1:
             raise ValueError(f"num_buckets must be >= 1 (got {num_buckets})")
+        self.check_lora(lora)
         if self._pending == version:
             if num_buckets != self._pending_total:
                 raise ValueError(f"version {version}: {num_buckets} buckets announced, earlier {self._pending_total}")
+            if lora != self._pending_lora:
+                raise ValueError(f"version {version}: a bucket's LoraAdapters differ from its first bucket's")
             return
         if self._pending is not None:
             log.warning("weight update to version %d abandoned for version %d", self._pending, version)
         self._pending, self._pending_total, self._pending_loaded = version, num_buckets, set()
+        self._pending_lora, self._pending_adapters = lora, {}
         self._pending_started = time.monotonic()
 
     def _load(self, index: int, tensors: list[tuple[str, torch.Tensor]], nbytes: int, backend: str) -> None:
         if not 0 <= index < self._pending_total:
             raise ValueError(f"bucket index {index} out of range (version {self._pending} has {self._pending_total})")
+        if self._pending_lora is not None:
+            for name, _ in tensors:
+                if split_lora_name(name)[0] not in self._pending_lora:
+                    raise ValueError(f"adapter tensor {name!r}: its module has no scaling in the sync's LoraAdapters")
         with self._engine_lock:
             self._set_version(UNKNOWN_VERSION)  # from here on the weights are a mix
-            self._engine.load_weights(tensors)
+            if self._pending_lora is None:
+                self._engine.load_weights(tensors)
+            else:   # kept until every bucket is in, then merged at the commit
+                self._pending_adapters.update(tensors)
         self._pending_loaded.add(index)
         if self._metrics:
             self._metrics.weights_loaded(backend, nbytes)
+
+    def _adapters(self) -> dict[str, LoraAdapter]:
+        """The pending adapter sync's tensors as one LoraAdapter per module of its scaling."""
+        parts: dict[str, dict[str, torch.Tensor]] = {module: {} for module in self._pending_lora}
+        for name, tensor in self._pending_adapters.items():
+            module, which = split_lora_name(name)
+            parts[module][which] = tensor
+        for module, found in parts.items():
+            if len(found) != 2:
+                missing = LORA_B if LORA_A in found else LORA_A
+                raise ValueError(f"version {self._pending}: the adapter of {module!r} came without its {missing}")
+        return {m: LoraAdapter(p[LORA_A], p[LORA_B], self._pending_lora[m]) for m, p in parts.items()}
 
     def _maybe_commit(self, backend: str) -> bool:
         if self._pending is None or len(self._pending_loaded) < self._pending_total:
             return False
         version, seconds = self._pending, time.monotonic() - self._pending_started
+        if self._pending_lora is not None:
+            try:
+                adapters = self._adapters()
+                with self._engine_lock:
+                    self._engine.load_lora_adapters(adapters)
+            finally:   # merged or refused, this sync is over (a refused one leaves the version at -1)
+                self._pending, self._pending_lora, self._pending_adapters = None, None, {}
         self._pending = None
         self._set_version(version)
         if self._metrics:
@@ -239,7 +294,7 @@ class WeightReceiver:
                 if current is None:
                     if not chunk.tensors:
                         raise ValueError(f"bucket {chunk.bucket_index}: its first chunk carries no tensor metadata")
-                    self._begin(chunk.version, chunk.num_buckets)
+                    self._begin(chunk.version, chunk.num_buckets, lora_from_proto(chunk))
                     current = _BucketAssembly(chunk.bucket_index, placed_from_proto(chunk.tensors))
                 elif chunk.bucket_index != current.index:
                     raise ValueError(f"chunk of bucket {chunk.bucket_index} inside bucket {current.index}")
@@ -276,6 +331,7 @@ class WeightReceiver:
         # Everything that can be checked here is: an error in the reply reaches the trainer
         # before it blocks in a collective that this server would never join.
         device = self._collective_device(plan)
+        self.check_lora(plan.lora)
         if self._thread is not None and self._thread.is_alive():
             self._abandon_running(plan)
         self.sync_error, self.sync_version = "", plan.version
@@ -319,7 +375,7 @@ class WeightReceiver:
                 # plan's deadline too, abort the group (below) and wait for a new plan.
                 deadline = time.monotonic() + plan.timeout_seconds
                 group = self._join(plan, device)
-                self._begin(plan.version, len(plan.buckets))
+                self._begin(plan.version, len(plan.buckets), plan.lora)
                 for bucket in plan.buckets:
                     buffer = torch.empty(bucket.nbytes, dtype=torch.uint8, device=group.device)
                     group.broadcast(buffer, deadline)
@@ -328,7 +384,7 @@ class WeightReceiver:
             except Exception as exc:
                 self.sync_error = f"{type(exc).__name__}: {exc}"
                 log.error("collective weight sync to version %d failed: %s", plan.version, self.sync_error)
-                self._pending = None
+                self._pending, self._pending_lora, self._pending_adapters = None, None, {}
                 if self._group is not None:
                     self._dead_groups.add(self._group.id)
                     self._group.close()

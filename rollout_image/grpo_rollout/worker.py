@@ -91,7 +91,8 @@ def resolve_sampling(spec: GRPOJobSpec, job: GenerateJob) -> SamplingParams:
 
 class RolloutWorker:
     def __init__(self, *, spec: GRPOJobSpec, engine: Engine, rewards: RewardPool, storage: Storage,
-                 worker_id: str, metrics: RolloutMetrics, reward_models=None):
+                 worker_id: str, metrics: RolloutMetrics, reward_models=None, lora_adapters: bool = True):
+        """lora_adapters: take a LoRA policy's adapters alone when the engine can (grpo_rollout.weights)."""
         self.spec = spec
         self.engine = engine
         self.rewards = rewards
@@ -100,7 +101,7 @@ class RolloutWorker:
         self.worker_id = worker_id
         self.metrics = metrics
         self.engine_lock = threading.Lock()  # generation and weight loading take turns
-        self.weights = WeightReceiver(engine, self.engine_lock, metrics)
+        self.weights = WeightReceiver(engine, self.engine_lock, metrics, lora_adapters=lora_adapters)
         self.agent_loop = build_agent_loop(spec, engine)   # rollout.multiTurn: tool-using trajectories
         metrics.set_policy_version(engine.policy_version)
 

@@ -96,12 +96,13 @@ class RolloutServer:
     """`grpo rollout` as a child process on a free loopback port."""
 
     def __init__(self, job_file: Path, log_path: Path, token: str, worker_id: str, timeout: float = 300.0,
-                 port: int = 0):
+                 port: int = 0, args: tuple[str, ...] = ()):
+        """args: more `grpo rollout` arguments (later ones win, e.g. --metrics-port 0)."""
         self.token, self.log_path, self.worker_id = token, log_path, worker_id
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(
             [*grpo_cli(), "rollout", "--spec", str(job_file), "--port", str(port), "--host", "127.0.0.1",
-             "--metrics-port", "-1", "--worker-id", worker_id, "--device", "cpu", "--grace", "1"],
+             "--metrics-port", "-1", "--worker-id", worker_id, "--device", "cpu", "--grace", "1", *args],
             stdout=subprocess.PIPE, stderr=self._log, env=child_env(GRPO_RPC_TOKEN=token), cwd=job_file.parent)
         self.info: dict = {}
         reader = threading.Thread(target=self._read_ready, daemon=True)

@@ -5,9 +5,11 @@ rollout` servers over gRPC, file:// storage, the tiny Qwen3 model.
   (B starts at zero: the policy is the base) and positive once the adapters moved;
 - only the adapters train: every exported base weight the adapters don't touch is the base
   model's, bit for bit; the checkpoint holds the adapters alone;
-- the rollout servers follow the policy: they get the merged weights (W + alpha/r x B @ A, under
-  the base model's names), and the merge is PEFT's own (merge_and_unload, an independent
-  implementation);
+- the rollout servers follow the policy: one takes adapters (the hf engine) and gets only them,
+  its engine merging them into the base; the other, started with --no-lora-adapters as a vLLM
+  server would be, gets the merged weights (W + alpha/r x B @ A, under the base model's names).
+  Both end at the exported policy, and the merge is PEFT's own (merge_and_unload, an
+  independent implementation);
 - both exports load, the PEFT adapter on the base model and the merged model alone, at the end
   of the run and from `grpo export` of a checkpoint, and generate what the trained policy
   generates (greedy).
@@ -24,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from integration_helpers import (child_env, grpo_cli, load_safetensors, read_metrics, run_root, run_trainer,
-                                 start_rollout_servers, write_job)
+from integration_helpers import (RolloutServer, child_env, grpo_cli, load_safetensors, read_metrics, run_root,
+                                 run_trainer, write_job)
 
 pytestmark = pytest.mark.integration
 
@@ -38,6 +40,8 @@ PROMPT = "copy the digit 7 then answer #### and the digit"
 class Run:
     root: Path
     output: str
+    servers: list[RolloutServer]     # [takes adapters, takes merged weights only], still serving
+    token: str
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +53,14 @@ def lora_run(tmp_path_factory, tiny_model, quickstart_data, dense_reward):
                     lora=LORA, algorithm={"klLossCoef": 0.01},
                     trainer={"totalSteps": STEPS, "saveFreq": 2, "lr": 2e-2},
                     weightSync={"backend": "nccl"})   # the collective path (gloo on CPU)
-    servers = start_rollout_servers(job, token, 2, tmp)
+    metrics = ("--metrics-port", "0")
+    servers = [RolloutServer(job, tmp / "rollout-0.log", token, "rollout-0", args=metrics)]
     try:
+        servers.append(RolloutServer(job, tmp / "rollout-1.log", token, "rollout-1",
+                                     args=(*metrics, "--no-lora-adapters")))
         result = run_trainer(job, rollout=",".join(s.address for s in servers), token=token)
         assert result.returncode == 0, result.output[-8000:]
-        yield Run(run_root(tmp / "store", "lora"), result.output)
+        yield Run(run_root(tmp / "store", "lora"), result.output, servers, token)
     finally:
         for s in servers:
             s.stop()
@@ -89,6 +96,71 @@ def test_only_the_adapters_train(lora_run, tiny_model):
     assert model_keys and all(".lora_A." in k or ".lora_B." in k for k in model_keys), model_keys[:5]
     optimizer_params = {k.split(".", 2)[2].rsplit(".", 1)[0] for k in keys if k.startswith("optim.state.")}
     assert optimizer_params == {k.removeprefix("model.") for k in model_keys}, sorted(optimizer_params)[:5]
+
+
+def _metric(server: RolloutServer, name: str, **labels) -> float:
+    import urllib.request
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.info['metrics_port']}/metrics", timeout=10).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()))
+
+
+def _greedy_on_server(server: RolloutServer, prompt_ids: list[int], tmp_path: Path) -> tuple[list[int], list[float]]:
+    import pyarrow as pa
+
+    from grpo_api.proto import rollout_pb2 as pb
+    from grpo_api.records import PROMPT_SCHEMA
+    from grpo_api.storage import Storage
+    storage, tag = Storage(), server.worker_id
+    row = {"uid": "0-0", "prompt_index": 0, "prompt_ids": prompt_ids, "data_source": "openai/gsm8k",
+           "ground_truth": "7", "extra_info": "{}", "raw_prompt": None}
+    storage.write_table(f"file://{tmp_path}/p-{tag}.parquet",
+                        pa.Table.from_pylist([row], schema=PROMPT_SCHEMA))
+    reply = server.stub().Generate(pb.GenerateRequest(
+        prompt_uri=f"file://{tmp_path}/p-{tag}.parquet", output_uri=f"file://{tmp_path}/r-{tag}.parquet",
+        expected_policy_version=STEPS, sampling=pb.SamplingParams(n=1, max_tokens=6, temperature=0.0)), timeout=60)
+    table = storage.read_table(reply.rollout_uri)
+    return table.column("response_ids").to_pylist()[0], table.column("response_logprobs").to_pylist()[0]
+
+
+def test_an_adapter_server_gets_only_the_adapters_a_merged_server_the_weights_and_both_hold_the_policy(
+        lora_run, tiny_model, tmp_path):
+    """Server 0 (hf) takes adapters: each of its syncs is the adapters' bytes (the tensors of
+    the exported PEFT adapter, float32), and its engine merges them into the base. Server 1
+    (--no-lora-adapters, what vLLM reports) gets the merged model every sync. Both generate what
+    the exported policy generates, with its log-probs; the base model's differ."""
+    from safetensors import safe_open
+
+    from grpo_rollout.engine import SamplingParams
+    from grpo_rollout.hf_engine import HFEngine
+    adapter_server, merged_server = lora_run.servers
+    assert [s.rpc_info().accepts_lora_adapters for s in lora_run.servers] == [True, False]
+    final = lora_run.root / "hf" / f"step-{STEPS}"
+    with safe_open(final / "lora_adapter" / "adapter_model.safetensors", "pt") as f:
+        adapter = [f.get_slice(k).get_shape() for k in f.keys()]
+    adapter_bytes = sum(4 * a * b for a, b in adapter)
+    exported = load_safetensors(final)
+    model_bytes = sum(t.numel() * 4 for t in exported.values())
+    syncs = STEPS   # one per update; the servers started at the initial weights, version 0
+    for server, nbytes, tensors in ((adapter_server, adapter_bytes, len(adapter)),
+                                    (merged_server, model_bytes, len(exported))):
+        assert _metric(server, "grpo_rollout_weight_sync_seconds_count", backend="collective") == syncs
+        per_sync = _metric(server, "grpo_rollout_weight_sync_bytes_total", backend="collective") / syncs
+        assert nbytes <= per_sync < nbytes + 64 * tensors, (server.worker_id, per_sync, nbytes)   # + alignment
+    assert adapter_bytes < model_bytes / 3
+
+    policy = HFEngine(final)
+    prompt = policy.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
+                                                  tokenize=True)
+    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+    [[expected]] = policy.generate([prompt], SamplingParams(n=1, max_tokens=6, temperature=0.0))
+    [[base]] = HFEngine(tiny_model).generate([prompt], SamplingParams(n=1, max_tokens=6, temperature=0.0))
+    for server in lora_run.servers:
+        assert server.health().policy_version == STEPS
+        tokens, logprobs = _greedy_on_server(server, prompt, tmp_path)
+        assert tokens == expected.token_ids, server.worker_id
+        assert logprobs == pytest.approx(expected.logprobs, abs=1e-6), server.worker_id
+    assert base.token_ids != expected.token_ids or base.logprobs != pytest.approx(expected.logprobs, abs=1e-4)
 
 
 def _generate(model) -> list[int]:

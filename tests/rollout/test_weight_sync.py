@@ -22,6 +22,7 @@ from grpo_trainer.weight_sync import (CollectiveWeightSender, GrpcWeightSender, 
                                       tensor_specs)
 
 from .conftest import chat_prompt, prompt_table, start_server, wait_until
+from .test_lora_weights import merged_of, peft_policy
 
 pytestmark = pytest.mark.integration
 
@@ -108,8 +109,8 @@ class CorruptingSender(GrpcWeightSender):
         super().__init__(*args, **kwargs)
         self.victim_bucket, self.corrupted = victim_bucket, False
 
-    def _chunks(self, version, bucket, num_buckets, data, sha):
-        for chunk in super()._chunks(version, bucket, num_buckets, data, sha):
+    def _chunks(self, version, bucket, num_buckets, data, sha, lora=None):
+        for chunk in super()._chunks(version, bucket, num_buckets, data, sha, lora):
             if bucket.index == self.victim_bucket and not self.corrupted and chunk.data:
                 self.corrupted = True
                 chunk.data = bytes([chunk.data[0] ^ 0xFF]) + chunk.data[1:]
@@ -195,6 +196,122 @@ def test_collective_gloo_push_and_group_reformation(servers, prompts, token, tmp
         assert servers[0].metric("grpo_rollout_weight_sync_seconds_count", backend="collective") >= 3
     finally:
         sender.close()
+
+
+# LoRA (issue 33): adapter-only syncs, to the same servers
+
+def lora_update(tiny_model, seed: int):
+    """(adapter tensors, their scaling, an engine holding the merged policy) of a random LoRA
+    policy on the tiny model: what the trainer's publisher sends, and what it should make."""
+    from grpo_trainer import lora
+    policy = peft_policy(tiny_model, seed=seed)
+    reference = HFEngine(tiny_model)
+    reference.load_weights(merged_of(policy).items())
+    return list(lora.full_adapter_tensors(policy)), lora.adapter_scaling(policy), reference
+
+
+def test_adapters_alone_reach_every_worker_over_grpc_and_the_collective(servers, prompts, token, tmp_path,
+                                                                       tiny_model):
+    """Each server merges the adapters into its base itself and generates what the merged
+    policy generates; what crossed the wire is the adapters' bytes (the server's own count)."""
+    addresses = [s.address for s in servers]
+    adapters, scaling, reference = lora_update(tiny_model, seed=21)
+    assert all(s.stub().Info(pb.InfoRequest(), timeout=10).accepts_lora_adapters for s in servers)
+    model_bytes = sum(t.numel() * t.element_size() for t in reference.model.state_dict().values())
+    before = [s.metric("grpo_rollout_weight_sync_bytes_total", backend="grpc") for s in servers]
+    version = next(_versions)
+    report = GrpcWeightSender(RolloutClients(token), bucket_bytes=BUCKET_BYTES, chunk_bytes=CHUNK_BYTES).send(
+        addresses, adapters, version, lora=scaling)
+    assert report.nbytes < model_bytes / 4
+    expected = greedy_reference(reference, prompts)
+    for server, bytes_before in zip(servers, before):
+        assert greedy_from_server(server, prompts, version, tmp_path) == expected
+        assert server.metric("grpo_rollout_weight_sync_bytes_total", backend="grpc") - bytes_before == report.nbytes
+
+    adapters, scaling, reference = lora_update(tiny_model, seed=22)
+    sender = CollectiveWeightSender(RolloutClients(token), bucket_bytes=BUCKET_BYTES, master_addr="127.0.0.1",
+                                    timeout_seconds=60)
+    try:
+        version = next(_versions)
+        sender.send(addresses, adapters, version, lora=scaling)
+    finally:
+        sender.close()
+    second = greedy_reference(reference, prompts)
+    assert second != expected
+    for server in servers:
+        assert greedy_from_server(server, prompts, version, tmp_path) == second
+
+
+PUBLISH = r"""
+import json, sys, torch, torch.distributed as dist
+from safetensors.torch import save_file
+from grpo_api.spec import ModelSpec, WeightSyncSpec
+from grpo_trainer import lora
+from grpo_trainer.model import build_policy
+from grpo_trainer.publisher import WeightPublisher
+from grpo_trainer.rollout_client import RolloutServers
+model_path, addresses, token, out = sys.argv[1], sys.argv[2].split(","), sys.argv[3], sys.argv[4]
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+spec = ModelSpec.model_validate({"path": model_path, "lora": {"rank": 4, "alpha": 8}})
+model = build_policy(spec, torch.device("cpu"))
+g = torch.Generator().manual_seed(31)
+with torch.no_grad():   # as if trained: B away from zero (FSDP2 on one rank: the local shard is all of it)
+    for name, p in model.named_parameters():
+        if ".lora_" in name:
+            p.to_local().copy_(torch.randn(p.shape, generator=g) * 0.3)
+servers = RolloutServers(lambda: addresses, token)
+report = {}
+for version, merge in ((int(sys.argv[5]), False), (int(sys.argv[5]) + 1, True)):
+    publisher = WeightPublisher(model, WeightSyncSpec(backend="grpc"), dtype=torch.float32, device=torch.device("cpu"),
+                                servers=servers, lora_merge=merge)
+    publisher.publish(version)
+    allocated = publisher.buffer is not None
+    final = publisher.final_weights()    # the export's: gathered here when the update went out as adapters
+    with torch.no_grad():
+        merged = {n: t.clone() for n, t in lora.full_rollout_tensors(model)}
+    report[str(merge)] = {"buffer_allocated_by_publish": allocated,
+                          "final_is_merged": all(torch.equal(final[n], t) for n, t in merged.items())}
+save_file(merged, out + "/merged.safetensors")
+print("REPORT " + json.dumps(report))
+"""
+
+
+def test_the_publisher_sends_adapters_to_servers_that_take_them_and_merged_weights_with_lora_merge(
+        servers, prompts, token, tmp_path, tiny_model):
+    """The trainer's WeightPublisher (one gloo rank, the LoRA policy as build_policy makes it,
+    FSDP2): to servers that accept adapters it sends the adapters alone and never allocates the
+    merged buffer (the final export gathers it, and it is the merge); with model.lora.merge every
+    server gets the merged weights. Either way the servers generate what the merged policy does."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+    addresses = ",".join(s.address for s in servers)
+    version = next(_versions)
+    next(_versions)
+    before = [s.metric("grpo_rollout_weight_sync_bytes_total", backend="grpc") for s in servers]
+    done = subprocess.run([sys.executable, "-c", PUBLISH, str(tiny_model), addresses, token, str(tmp_path),
+                           str(version)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout.split("REPORT ", 1)[1])
+    assert report == {"False": {"buffer_allocated_by_publish": False, "final_is_merged": True},
+                      "True": {"buffer_allocated_by_publish": True, "final_is_merged": True}}, report
+    merged = load_file(tmp_path / "merged.safetensors")
+    reference = HFEngine(tiny_model)
+    reference.load_weights(merged.items())
+    expected = greedy_reference(reference, prompts)
+    from grpo_trainer import lora
+    adapter_bytes = sum(t.numel() * 4 for _, t in lora.full_adapter_tensors(peft_policy(tiny_model, seed=0)))
+    model_bytes = sum(t.numel() * 4 for t in merged.values())
+    for server, bytes_before in zip(servers, before):
+        assert health(server).policy_version == version + 1
+        assert greedy_from_server(server, prompts, version + 1, tmp_path) == expected
+        received = server.metric("grpo_rollout_weight_sync_bytes_total", backend="grpc") - bytes_before
+        # version: the adapters; version + 1 (lora.merge): the model (64-byte alignment aside)
+        assert adapter_bytes + model_bytes <= received < adapter_bytes + model_bytes + 64 * 64, received
 
 
 def test_a_worker_that_cannot_join_fails_the_update_with_its_name(servers, token, tmp_path):
@@ -305,3 +422,40 @@ def test_a_trainer_gone_in_the_middle_of_a_broadcast_leaves_the_server_ready_for
     finally:
         first.close()
         second.close()
+
+
+# LoRA (issue 33): a server killed in the middle of an adapter sync
+
+def test_a_server_killed_in_the_middle_of_an_adapter_sync_is_resynced_with_adapters_after_restart(
+        tiny_model, prompts, token, tmp_path, monkeypatch):
+    """As for whole weights: the server dies after PrepareWeightSync, between two buckets of
+    adapters, before the commit. The trainer gives up within weightSync.timeoutSeconds, naming
+    the version; the restarted server (its base read again) takes the same adapters and holds
+    the merged policy."""
+    timeout, bucket = 60, 8 << 10     # the rank-4 adapters (32 KB) in 4 buckets
+    server = start_server(tmp_path, tiny_model, token, worker_id="doomed-lora")
+    sender = CollectiveWeightSender(RolloutClients(token), bucket_bytes=bucket, master_addr="127.0.0.1",
+                                    timeout_seconds=timeout)
+    restarted = None
+    try:
+        adapters, scaling, reference = lora_update(tiny_model, seed=23)
+        assert len(plan_buckets(tensor_specs(adapters), bucket)) >= 2
+        version = next(_versions)
+        _broadcast_then(monkeypatch, 1, lambda: (server.proc.kill(), server.proc.wait()))
+        t = time.monotonic()
+        with pytest.raises(WeightSyncError, match=f"version {version}"):
+            sender.send([server.address], adapters, version, lora=scaling)
+        assert time.monotonic() - t < timeout
+        assert sender._group is None
+        monkeypatch.undo()
+
+        restarted = start_server(tmp_path, tiny_model, token, worker_id="reborn-lora")
+        assert health(restarted).policy_version == 0
+        sender.send([restarted.address], adapters, version, lora=scaling)
+        assert health(restarted).policy_version == version
+        assert greedy_from_server(restarted, prompts, version, tmp_path) == greedy_reference(reference, prompts)
+    finally:
+        sender.close()
+        server.stop()
+        if restarted is not None:
+            restarted.stop()

@@ -4,9 +4,11 @@
   adapters' A and B require gradients, so the optimizer holds them alone.
 - The reference model is the same model with its adapters switched off (`adapters_off`): no
   second copy of the weights.
-- The rollout engines keep loading plain Hugging Face weights: `rollout_entries` names every
-  base tensor as the engines know it (no PEFT prefix) with the adapter to merge into it, and the
-  publisher sends W + scaling x B @ A (`merge`).
+- The rollout servers get the adapters alone where their engine applies them (the hf engine:
+  `full_adapter_tensors`, each module's lora_A and lora_B under the engine's module name, and
+  `adapter_scaling`), else plain Hugging Face weights: `rollout_entries` names every base tensor
+  as the engines know it (no PEFT prefix) with the adapter to merge into it, and the publisher
+  sends W + scaling x B @ A (`merge`). spec.model.lora.merge sends merged weights to all.
 - Checkpoints hold the adapters (and their optimizer state) only; the base is spec.model.path.
 - Exports: the merged model, and the PEFT adapter folder (`lora_adapter/`, verl's name) that
   `PeftModel.from_pretrained(base, folder)` loads.
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from grpo_api.spec import LoRASpec, ModelSpec
+from grpo_api.weights import LORA_A, LORA_B, lora_tensor_name
 from grpo_trainer.collectives import SetupError
 
 ADAPTER = "default"              # PEFT's name of the one adapter
@@ -169,6 +172,25 @@ def full_rollout_tensors(model):
         if adapter is not None:
             full = merge(full, _full(adapter.a), _full(adapter.b), adapter.scaling)
         yield name, full
+
+
+def adapter_modules(model) -> list[tuple[str, Adapter]]:
+    """(module name as the rollout engines know it, its adapter) for every weight that
+    `rollout_entries` merges an adapter into: what an adapter-only sync carries."""
+    return [(name.removesuffix(".weight"), adapter) for name, _, adapter in rollout_entries(model)
+            if adapter is not None]
+
+
+def adapter_scaling(model) -> dict[str, float]:
+    return {module: float(adapter.scaling) for module, adapter in adapter_modules(model)}
+
+
+def full_adapter_tensors(model):
+    """Collective (every rank, same order): (name on the wire, full tensor) of every adapter's A
+    and B, `<module>.lora_A.weight` and `<module>.lora_B.weight` (grpo_api.weights)."""
+    for module, adapter in adapter_modules(model):
+        yield lora_tensor_name(module, LORA_A), _full(adapter.a)
+        yield lora_tensor_name(module, LORA_B), _full(adapter.b)
 
 
 def adapter_file_name(state_name: str) -> str:

@@ -102,7 +102,8 @@ class Trainer:
         # In the rollout engines' dtype (spec.model.dtype) on GPU; float32 on CPU.
         rollout_dtype = getattr(torch, self.spec.model.dtype.value) if self.device.type == "cuda" else torch.float32
         self.publisher = WeightPublisher(self.actor.model, self.spec.weight_sync, dtype=rollout_dtype,
-                                         device=self.device, servers=servers)
+                                         device=self.device, servers=servers,
+                                         lora_merge=bool(self.model_spec.lora and self.model_spec.lora.merge))
         dispatcher = RolloutDispatcher(servers, weights=self.publisher, layout=self.layout, storage=self.storage,
                                        timeout=self.spec.rollout.request_timeout_seconds) if servers else None
         self.rollouts = rollouts.RolloutSource(self.spec, datasets=datasets, dispatcher=dispatcher,

@@ -13,6 +13,9 @@ Every sender calls the servers through the trainer's one client per server (Roll
   group with the workers (TCPStore here, gloo on CPU, nccl on GPU) and broadcasts bucket by
   bucket. A change of workers, or any failure, re-forms (aborts) the group under a new id next time.
   `resync` of a single late worker uses the grpc path (no group re-formation for one worker).
+- A LoRA policy's adapter-only sync (`lora`: the scaling of every adapted module) goes by either
+  path as well: the tensors are then each module's lora_A and lora_B, and the LoraAdapters
+  message rides on the first chunk of every bucket (grpc) or in the plan (the collective).
 - `IpcWeightSender`: servers on the trainer's own GPU. One PrepareWeightSync (backend
   "cuda_ipc") names a CUDA buffer of the trainer's, shared through CUDA IPC once; the servers
   copy the weights out of it, GPU to GPU (grpo_rollout.cuda_ipc is the other side).
@@ -40,11 +43,13 @@ import torch
 from grpo_api.proto import rollout_pb2 as pb
 from grpo_api.rpc import CHUNK_BYTES, RolloutClients
 from grpo_api.weights import (WATCHDOG_MARGIN_SECONDS, Bucket, TensorSpec, abort_group, bucket_to_proto,
-                              plan_buckets, tensor_meta, wait_for_work)
+                              lora_to_proto, plan_buckets, tensor_meta, wait_for_work)
 
 log = logging.getLogger("grpo.trainer.weight_sync")
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
+LoraScaling = Mapping[str, float]
+"""An adapter-only sync: each adapted module's scaling (the tensors are its lora_A and lora_B)."""
 
 
 class WeightSyncError(RuntimeError):
@@ -91,12 +96,15 @@ def _plan(named_tensors: NamedTensors, bucket_bytes: int):
 
 class WeightSender(ABC):
     @abstractmethod
-    def send(self, workers: Sequence[str], named_tensors: NamedTensors, version: int) -> SyncReport:
-        """Bring every worker (host:port) to `version`; raises WeightSyncError unless all got there."""
+    def send(self, workers: Sequence[str], named_tensors: NamedTensors, version: int, *,
+             lora: LoraScaling | None = None) -> SyncReport:
+        """Bring every worker (host:port) to `version`; raises WeightSyncError unless all got there.
+        `lora`: the tensors are LoRA adapters (an adapter-only sync), this their scaling by module."""
 
-    def resync(self, worker: str, named_tensors: NamedTensors, version: int) -> SyncReport:
+    def resync(self, worker: str, named_tensors: NamedTensors, version: int, *,
+               lora: LoraScaling | None = None) -> SyncReport:
         """Bring one worker that missed updates (restarted, new replica) to `version`."""
-        return self.send([worker], named_tensors, version)
+        return self.send([worker], named_tensors, version, lora=lora)
 
     def close(self) -> None:
         pass
@@ -157,18 +165,19 @@ class GrpcWeightSender(WeightSender):
         self.bucket_bytes, self.chunk_bytes = bucket_bytes, chunk_bytes
         self.timeout, self.max_attempts = timeout_seconds, max_attempts
 
-    def send(self, workers, named_tensors, version) -> SyncReport:
+    def send(self, workers, named_tensors, version, *, lora=None) -> SyncReport:
         if not workers:
             raise ValueError("no workers to send weights to")
         started = time.monotonic()
         buckets, tensors = _plan(named_tensors, self.bucket_bytes)
         report = SyncReport(version=version, seconds=0.0, nbytes=sum(b.nbytes for b in buckets))
+        lora_msg = lora_to_proto(lora)
         with ThreadPoolExecutor(max_workers=len(workers), thread_name_prefix="weights") as pool:
             for bucket in buckets:
                 # A view of the packed buffer (no copy); each stream hashes the chunks as it sends
                 # them, so no pass over the bucket comes before its first byte goes out.
                 data = memoryview(pack_bucket(bucket, tensors, torch.device("cpu")).numpy())
-                futures = {w: pool.submit(self._push, w, version, bucket, len(buckets), data, report)
+                futures = {w: pool.submit(self._push, w, version, bucket, len(buckets), data, report, lora_msg)
                            for w in workers}
                 failures = []
                 for w, fut in futures.items():
@@ -184,11 +193,11 @@ class GrpcWeightSender(WeightSender):
         return report
 
     def _push(self, worker: str, version: int, bucket: Bucket, num_buckets: int, data: memoryview,
-              report: SyncReport) -> None:
+              report: SyncReport, lora: pb.LoraAdapters | None = None) -> None:
         for attempt in range(1, self.max_attempts + 1):
             try:
                 reply = self._clients(worker).UpdateWeights(
-                    self._chunks(version, bucket, num_buckets, data, None), timeout=self.timeout)
+                    self._chunks(version, bucket, num_buckets, data, None, lora), timeout=self.timeout)
             except grpc.RpcError as exc:
                 raise WeightSyncError(f"UpdateWeights: {exc.code().name}: {exc.details()}") from None
             if bucket.index in reply.accepted_buckets:
@@ -199,9 +208,9 @@ class GrpcWeightSender(WeightSender):
         raise WeightSyncError(f"bucket {bucket.index} rejected {self.max_attempts} times")
 
     def _chunks(self, version: int, bucket: Bucket, num_buckets: int, data: bytes | memoryview,
-                sha: str | None = None) -> Iterator[pb.WeightChunk]:
-        """The UpdateWeights messages of one bucket: metadata on the first, the bucket's sha256
-        on the last (`sha`, or hashed chunk by chunk as they go)."""
+                sha: str | None = None, lora: pb.LoraAdapters | None = None) -> Iterator[pb.WeightChunk]:
+        """The UpdateWeights messages of one bucket: metadata (and an adapter sync's LoraAdapters)
+        on the first, the bucket's sha256 on the last (`sha`, or hashed chunk by chunk as they go)."""
         hasher = hashlib.sha256() if sha is None else None
         starts = range(0, max(len(data), 1), self.chunk_bytes)
         for k, start in enumerate(starts):
@@ -213,7 +222,8 @@ class GrpcWeightSender(WeightSender):
                 version=version, bucket_index=bucket.index, num_buckets=num_buckets,
                 tensors=[tensor_meta(t) for t in bucket.tensors] if k == 0 else [],
                 data=piece, last_in_bucket=last,
-                sha256=(sha if hasher is None else hasher.hexdigest()) if last else "")
+                sha256=(sha if hasher is None else hasher.hexdigest()) if last else "",
+                lora=lora if k == 0 else None)
 
 
 class _Group:
@@ -280,7 +290,7 @@ class CollectiveWeightSender(WeightSender):
         devices = [self._clients.info(w).device for w in workers]
         return "nccl" if all(d.startswith("cuda") for d in devices) else "gloo"
 
-    def send(self, workers, named_tensors, version) -> SyncReport:
+    def send(self, workers, named_tensors, version, *, lora=None) -> SyncReport:
         if not workers:
             raise ValueError("no workers to send weights to")
         started = time.monotonic()
@@ -292,7 +302,7 @@ class CollectiveWeightSender(WeightSender):
             group_id = uuid.uuid4().hex if reform else self._group.id
             if reform:
                 self._drop_group()
-            self._prepare(workers, version, group_id, backend, buckets)
+            self._prepare(workers, version, group_id, backend, buckets, lora)
             if reform:
                 self._group = _Group(self._store, group_id, 1 + len(workers), backend, self.timeout)
                 self._members = workers
@@ -318,16 +328,17 @@ class CollectiveWeightSender(WeightSender):
         for w in workers:
             check_sync_not_failed(w, worker_health(self._clients, w, "went away during the weight broadcast"), version)
 
-    def _prepare(self, workers, version, group_id, backend, buckets) -> None:
+    def _prepare(self, workers, version, group_id, backend, buckets, lora=None) -> None:
         bucket_protos = [bucket_to_proto(b) for b in buckets]
         prepare_on(self._clients, {
             worker: pb.WeightSyncPlan(version=version, group_id=group_id, master_addr=self.master_addr,
                                       master_port=self.master_port, world_size=1 + len(workers), rank=rank,
-                                      backend=backend, buckets=bucket_protos, timeout_seconds=self.timeout)
+                                      backend=backend, buckets=bucket_protos, timeout_seconds=self.timeout,
+                                      lora=lora_to_proto(lora))
             for rank, worker in enumerate(workers, start=1)})
 
-    def resync(self, worker, named_tensors, version) -> SyncReport:
-        return self._grpc.send([worker], named_tensors, version)
+    def resync(self, worker, named_tensors, version, *, lora=None) -> SyncReport:
+        return self._grpc.send([worker], named_tensors, version, lora=lora)
 
     def _drop_group(self) -> None:
         if self._group is not None:

@@ -77,7 +77,7 @@ class TensorMeta(_message.Message):
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
-    __slots__ = ("version", "bucket_index", "num_buckets", "tensors", "data", "last_in_bucket", "sha256")
+    __slots__ = ("version", "bucket_index", "num_buckets", "tensors", "data", "last_in_bucket", "sha256", "lora")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BUCKET_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_BUCKETS_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,7 @@ class WeightChunk(_message.Message):
     DATA_FIELD_NUMBER: _ClassVar[int]
     LAST_IN_BUCKET_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
     version: int
     bucket_index: int
     num_buckets: int
@@ -92,7 +93,21 @@ class WeightChunk(_message.Message):
     data: bytes
     last_in_bucket: bool
     sha256: str
-    def __init__(self, version: _Optional[int] = ..., bucket_index: _Optional[int] = ..., num_buckets: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., data: _Optional[bytes] = ..., last_in_bucket: _Optional[bool] = ..., sha256: _Optional[str] = ...) -> None: ...
+    lora: LoraAdapters
+    def __init__(self, version: _Optional[int] = ..., bucket_index: _Optional[int] = ..., num_buckets: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., data: _Optional[bytes] = ..., last_in_bucket: _Optional[bool] = ..., sha256: _Optional[str] = ..., lora: _Optional[_Union[LoraAdapters, _Mapping]] = ...) -> None: ...
+
+class LoraAdapters(_message.Message):
+    __slots__ = ("scaling",)
+    class ScalingEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    SCALING_FIELD_NUMBER: _ClassVar[int]
+    scaling: _containers.ScalarMap[str, float]
+    def __init__(self, scaling: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class UpdateWeightsReply(_message.Message):
     __slots__ = ("version", "committed", "rejected_buckets", "bytes", "seconds", "accepted_buckets")
@@ -119,7 +134,7 @@ class WeightBucket(_message.Message):
     def __init__(self, tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class WeightSyncPlan(_message.Message):
-    __slots__ = ("version", "group_id", "master_addr", "master_port", "world_size", "rank", "backend", "buckets", "timeout_seconds", "ipc")
+    __slots__ = ("version", "group_id", "master_addr", "master_port", "world_size", "rank", "backend", "buckets", "timeout_seconds", "ipc", "lora")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +145,7 @@ class WeightSyncPlan(_message.Message):
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     IPC_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
     version: int
     group_id: str
     master_addr: str
@@ -140,7 +156,8 @@ class WeightSyncPlan(_message.Message):
     buckets: _containers.RepeatedCompositeFieldContainer[WeightBucket]
     timeout_seconds: float
     ipc: CudaIpcBuffer
-    def __init__(self, version: _Optional[int] = ..., group_id: _Optional[str] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., backend: _Optional[str] = ..., buckets: _Optional[_Iterable[_Union[WeightBucket, _Mapping]]] = ..., timeout_seconds: _Optional[float] = ..., ipc: _Optional[_Union[CudaIpcBuffer, _Mapping]] = ...) -> None: ...
+    lora: LoraAdapters
+    def __init__(self, version: _Optional[int] = ..., group_id: _Optional[str] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., backend: _Optional[str] = ..., buckets: _Optional[_Iterable[_Union[WeightBucket, _Mapping]]] = ..., timeout_seconds: _Optional[float] = ..., ipc: _Optional[_Union[CudaIpcBuffer, _Mapping]] = ..., lora: _Optional[_Union[LoraAdapters, _Mapping]] = ...) -> None: ...
 
 class CudaIpcBuffer(_message.Message):
     __slots__ = ("handle", "size_bytes", "offset_bytes", "ref_counter_handle", "ref_counter_offset", "event_handle", "event_sync_required", "device_uuid", "bucket_offsets")
@@ -193,7 +210,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoReply(_message.Message):
-    __slots__ = ("worker_id", "model", "engine", "policy_version", "capacity", "num_parameters", "device", "device_uuid")
+    __slots__ = ("worker_id", "model", "engine", "policy_version", "capacity", "num_parameters", "device", "device_uuid", "accepts_lora_adapters")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
@@ -202,6 +219,7 @@ class InfoReply(_message.Message):
     NUM_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTS_LORA_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     engine: str
@@ -210,4 +228,5 @@ class InfoReply(_message.Message):
     num_parameters: int
     device: str
     device_uuid: str
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., policy_version: _Optional[int] = ..., capacity: _Optional[int] = ..., num_parameters: _Optional[int] = ..., device: _Optional[str] = ..., device_uuid: _Optional[str] = ...) -> None: ...
+    accepts_lora_adapters: bool
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., policy_version: _Optional[int] = ..., capacity: _Optional[int] = ..., num_parameters: _Optional[int] = ..., device: _Optional[str] = ..., device_uuid: _Optional[str] = ..., accepts_lora_adapters: _Optional[bool] = ...) -> None: ...
