@@ -134,6 +134,8 @@ class WeightPublisher:
 
     def _server(self, worker: str) -> tuple[bool, bool]:
         """(on the trainer's GPU, takes LoRA adapters) of one server, asked once (Info)."""
+        if self.ipc is None and not self.adapters_wanted:
+            return False, False   # nothing to choose: whole weights, by the sender
         if worker not in self._info:
             info = self.servers.clients.info(worker)
             colocated = self.ipc is not None and info.device_uuid == cuda_device_uuid(self.device)
