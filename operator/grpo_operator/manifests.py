@@ -179,6 +179,14 @@ def _common_env(job: GRPOJob) -> list[dict[str, Any]]:
     return env
 
 
+def _log_uri_env(job: GRPOJob) -> list[dict[str, Any]]:
+    """Where a rollout pod keeps its log after the job scales it away (grpo_rollout.log_mirror).
+    A job without storage.uri is refused on Kubernetes; `grpo validate` builds its pods anyway."""
+    if job.spec.storage.uri is None:
+        return []
+    return [{"name": LOG_URI_ENV, "value": f"{job_root(job, local=False)}/logs/$(POD_NAME).log"}]
+
+
 def _tracker_env_from(job: GRPOJob) -> dict[str, Any]:
     """The wandb/mlflow credentials and endpoints, every key of the job's Secret as a variable
     of the trainer (only rank 0 logs, but every node runs the same pod). By reference: the values
@@ -376,9 +384,7 @@ def build_rollout_deployment(job: GRPOJob, settings: OperatorSettings, *, replic
         "command": ["grpo"],
         "args": ["rollout", "--spec", SPEC_PATH, "--port", str(GRPC_PORT), "--metrics-port", str(METRICS_PORT),
                  "--worker-id", "$(POD_NAME)"],
-        "env": [*_common_env(job), *_rollout_secrets(job), *_reward_client_env(job),
-                # Kept after the job scales the servers away (grpo_rollout.log_mirror).
-                {"name": LOG_URI_ENV, "value": f"{job_root(job, local=False)}/logs/$(POD_NAME).log"}],
+        "env": [*_common_env(job), *_rollout_secrets(job), *_reward_client_env(job), *_log_uri_env(job)],
         "ports": [{"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "resources": _resources(settings.rollout_resources, rollout_gpus(job), settings),

@@ -79,7 +79,7 @@ def test_a_job_with_tools_and_a_reward_model_runs_both_in_its_pods(cluster, oper
     # release stays, and the hook's log names the job.
     refused = subprocess.run([cluster.helm_bin, "--kubeconfig", str(cluster.kubeconfig), "uninstall", "grpo",
                               "-n", OPERATOR_NAMESPACE, "--timeout", "180s"], capture_output=True, text=True, timeout=300)
-    assert refused.returncode != 0 and "pre-delete" in refused.stderr, refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "uninstall-check failed" in refused.stderr, refused.stdout + refused.stderr
     hook_log = cluster.kubectl("logs", "-n", OPERATOR_NAMESPACE, "job/grpo-grpo-operator-uninstall-check").stdout
     assert f"{ns}/{name} (" in hook_log and "refusing to uninstall" in hook_log, hook_log
     assert "STATUS: deployed" in cluster.helm("status", "grpo", "-n", OPERATOR_NAMESPACE).stdout

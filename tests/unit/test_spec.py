@@ -200,7 +200,8 @@ def test_crd_schema_is_structural_and_documented():
                                                                "statusReplicasPath": ".status.rolloutReplicas"}}
     columns = version["additionalPrinterColumns"]
     assert [c["name"] for c in columns if not c.get("priority")] == ["Phase", "Step", "Total", "Reward", "Val", "Age"]
-    assert [c["name"] for c in columns if c.get("priority") == 1] == ["Best", "Best-Step", "Restarts", "Epoch", "Reason"]  # -o wide
+    assert [c["name"] for c in columns if c.get("priority") == 1] == [   # -o wide
+        "Best", "Best-Step", "Restarts", "Resumed-From", "Epoch", "Reason"]
     assert build_crd()["spec"]["names"]["shortNames"] == ["gj"]
 
 
