@@ -8,6 +8,7 @@ the suite's slowest kind of test."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pyarrow as pa
@@ -82,6 +83,11 @@ def test_a_job_with_tools_and_a_reward_model_runs_both_in_its_pods(cluster, oper
     assert refused.returncode != 0 and "uninstall-check failed" in refused.stderr, refused.stdout + refused.stderr
     hook_log = cluster.kubectl("logs", "-n", OPERATOR_NAMESPACE, "job/grpo-grpo-operator-uninstall-check").stdout
     assert f"{ns}/{name} (" in hook_log and "refusing to uninstall" in hook_log, hook_log
+    # Helm marks a release whose pre-delete hook failed `uninstalling` (its objects are all there);
+    # `helm rollback` to its revision makes it `deployed` again, so `helm upgrade` works (NOTES.txt).
+    release = cluster.helm("status", "grpo", "-n", OPERATOR_NAMESPACE).stdout
+    revision = re.search(r"^REVISION: (\d+)$", release, re.M).group(1)
+    cluster.helm("rollback", "grpo", revision, "-n", OPERATOR_NAMESPACE, "--wait", "--timeout", "180s")
     assert "STATUS: deployed" in cluster.helm("status", "grpo", "-n", OPERATOR_NAMESPACE).stdout
     wait_for("the job to finish", lambda: status(cluster, ns, name).get("phase") in ("Succeeded", "Failed"),
              timeout=1200, interval=3, diagnose=describe(cluster, ns, name))
@@ -97,7 +103,7 @@ def test_a_job_with_tools_and_a_reward_model_runs_both_in_its_pods(cluster, oper
     assert called, "no trajectory called the tool"
     for s in called:
         calls = json.loads(s["agent"])["tool_calls"]
-        assert calls and all(c["name"] == "lookup" and c["error"] is None for c in calls), calls
+        assert calls and all(c["name"] == "lookup" and not c["error"] for c in calls), calls
         assert 0 in s["response_mask"] and len(s["response_mask"]) == len(s["response_ids"])
     # every sample was scored by the reward model's pod and its score added to the rule's
     for s in samples:
@@ -111,5 +117,5 @@ def test_a_job_with_tools_and_a_reward_model_runs_both_in_its_pods(cluster, oper
         infos = fs.get_file_info(pafs.FileSelector(f"{run}/logs", allow_not_found=True))
         texts = [fs.open_input_stream(i.path).read().decode() for i in infos if i.base_name.startswith(f"{name}-rollout-")]
         return [t for t in texts if "stopping: letting running calls finish" in t]
-    [log_text] = wait_for("the rollout pod's kept log", kept_logs, timeout=120, interval=3)
-    assert "rollout server" in log_text and "agent loop: tools ['lookup']" in log_text
+    logs = wait_for("the rollout pod's kept log", kept_logs, timeout=120, interval=3)
+    assert any("rollout server" in t and "agent loop: tools ['lookup']" in t for t in logs), logs[0][-3000:]
