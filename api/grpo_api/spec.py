@@ -411,6 +411,8 @@ class RolloutSpec(_Model):
     """Partial pod template merged into the rollout pods (nodeSelector, tolerations, volumes, env...)."""
     multi_turn: MultiTurnSpec = MultiTurnSpec()
     """Multi-turn, tool-using rollouts (the agent loop)."""
+    agent_loop: str | None = Field(default=None, pattern=r"^.+:[A-Za-z_][A-Za-z0-9_]*$")
+    """A custom agent loop for environments that aren't tool calls (games, simulated users), `module:Class` or `path/file.py:Class` (verl: a registered AgentLoop). The rollout server builds `Class(spec, engine, tokenizer)` once and calls its `generate(prompts, params)` for every request, as it calls the engine's (docs/ARCHITECTURE.md, "Custom agent loops"). Not with multiTurn.enable."""
 
 
 class SaveBest(_Model):
@@ -769,6 +771,12 @@ def _filter_groups_needs_groups(s: GRPOJobSpec) -> str | None:
     return None
 
 
+def _one_agent_loop(s: GRPOJobSpec) -> str | None:
+    if s.rollout.agent_loop is not None and s.rollout.multi_turn.enable:
+        return "a custom agent loop and rollout.multiTurn.enable (the tool agent loop) exclude each other"
+    return None
+
+
 def _reward_model_names_unique(s: GRPOJobSpec) -> str | None:
     names = [m.name for m in s.reward.reward_models]
     twice = sorted({n for n in names if names.count(n) > 1})
@@ -876,6 +884,11 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         "(self.reward.overlongBuffer.len >= 1 && self.reward.overlongBuffer.len <= self.data.maxResponseLength)",
         "reward.overlongBuffer.len must be in 1..data.maxResponseLength when overlongBuffer.enable is true",
         _overlong_buffer_fits),
+    CrossFieldRule(
+        "rollout.agentLoop",
+        "!has(self.rollout.agentLoop) || !self.rollout.multiTurn.enable",
+        "rollout.agentLoop and rollout.multiTurn.enable exclude each other",
+        _one_agent_loop),
     CrossFieldRule(
         "reward.rewardModels",
         "self.reward.rewardModels.all(a, self.reward.rewardModels.exists_one(b, b.name == a.name))",

@@ -186,10 +186,55 @@ class ToolAgentLoop:
         return ids
 
 
-def build_agent_loop(spec, engine: Engine) -> ToolAgentLoop | None:
-    """The job's agent loop (None unless rollout.multiTurn.enable). A tool that can't be loaded
-    is a ValueError naming it: the server refuses to start rather than serve without it."""
+class CustomAgentLoop:
+    """rollout.agentLoop: the user's class, held to Engine.generate's contract.
+
+    The interface (docs/ARCHITECTURE.md, "Custom agent loops"): `Class(spec, engine, tokenizer)`
+    is built once per rollout server (spec: the GRPOJobSpec; engine: grpo_rollout.engine.Engine,
+    whose `generate(list of token-id lists, SamplingParams)` continues from token ids);
+    `generate(prompts, params)` gets the request's `grpo_rollout.shard.Prompt`s and returns, per
+    prompt, `params.n` `Sample`s: the response's ids and behaviour logprobs, `response_mask`
+    (1 sampled by the model, 0 the environment's tokens, which the trainer masks out of every
+    loss), optionally `prompt_ids` (the prompt the engine was given, if not the shard's) and
+    `agent` (any JSON-able facts, kept in the records; `num_turns` and `tool_calls` are read,
+    default 1 and none)."""
+
+    def __init__(self, ref: str, spec, engine: Engine):
+        from grpo_rollout.loading import load_attribute
+        cls = load_attribute(ref, "spec.rollout.agentLoop", what="class")
+        if not callable(cls):
+            raise ValueError(f"spec.rollout.agentLoop {ref!r}: {cls!r} is not a class")
+        self.ref = ref
+        self.loop = cls(spec, engine, engine.tokenizer)
+
+    def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[list[Sample]]:
+        groups = self.loop.generate(prompts, params)
+        where = f"spec.rollout.agentLoop {self.ref!r}"
+        if not isinstance(groups, list) or len(groups) != len(prompts):
+            raise ValueError(f"{where}: generate returned {type(groups).__name__} of "
+                             f"{len(groups) if isinstance(groups, list) else '?'} groups for {len(prompts)} prompts")
+        for p, group in zip(prompts, groups):
+            if len(group) != params.n or not all(isinstance(s, Sample) for s in group):
+                raise ValueError(f"{where}: prompt {p.uid} got {len(group)} results, not {params.n} Samples")
+            for s in group:
+                if not (len(s.token_ids) == len(s.logprobs) and
+                        (s.response_mask is None or len(s.response_mask) == len(s.token_ids))):
+                    raise ValueError(f"{where}: prompt {p.uid}: token_ids, logprobs and response_mask "
+                                     f"differ in length ({len(s.token_ids)}, {len(s.logprobs)}, "
+                                     f"{None if s.response_mask is None else len(s.response_mask)})")
+                if s.agent is not None:       # what the records and the trainer's metrics read
+                    s.agent.setdefault("num_turns", 1)
+                    s.agent.setdefault("tool_calls", [])
+        return groups
+
+
+def build_agent_loop(spec, engine: Engine) -> ToolAgentLoop | CustomAgentLoop | None:
+    """The job's agent loop: rollout.agentLoop's class, the tool agent loop with
+    rollout.multiTurn.enable, else None. A loop or tool that can't be loaded is a ValueError
+    naming it: the server refuses to start rather than serve without it."""
     from grpo_rollout.tools import load_tools
+    if spec.rollout.agent_loop is not None:
+        return CustomAgentLoop(spec.rollout.agent_loop, spec, engine)
     mt = spec.rollout.multi_turn
     if not mt.enable:
         return None

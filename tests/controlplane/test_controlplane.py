@@ -98,6 +98,14 @@ def test_invalid_grpojob_is_refused_by_the_schema(grpojob_crd, admin_client, nam
     with pytest.raises(ApiException) as absent:
         api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "bad")
     assert absent.value.status == 404
+    # a cross-field rule (CEL): a custom agent loop and the tool agent loop exclude each other
+    both = copy.deepcopy(valid_grpojob("both"))
+    both["spec"].setdefault("rollout", {}).update({"agentLoop": "my_env:Game", "multiTurn": {
+        "enable": True, "tools": ["grpo_rollout.tool_task:lookup"]}})
+    with pytest.raises(ApiException) as refused:
+        api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, both)
+    assert refused.value.status == 422 and "rollout.agentLoop and rollout.multiTurn.enable exclude each other" \
+        in refused.value.body
 
 
 def test_job_controller_creates_pods_and_deletion_collects_them(admin_client, namespace):

@@ -21,10 +21,15 @@ MAX_LEN = 24
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
+def lookup_model(tmp_path_factory):
+    return tool_task.build_model(tmp_path_factory.mktemp("lookup-model"))
+
+
+@pytest.fixture(scope="module")
+def engine(lookup_model):
     """hf here; GRPO_TEST_ENGINE=vllm runs the same tests on vLLM (on a GPU: bench/h200_run.sh
     agent-loop-vllm), whose path continues from token ids too (TokensPrompt)."""
-    model = tool_task.build_model(tmp_path_factory.mktemp("lookup-model"))
+    model = lookup_model
     if os.environ.get("GRPO_TEST_ENGINE") == "vllm":
         from grpo_rollout.vllm_engine import VLLMEngine
         return VLLMEngine(str(model), dtype="float32", seed=0, gpu_memory_utilization=0.2, enforce_eager=True)
@@ -196,3 +201,49 @@ def test_a_tool_agent_is_prompted_with_the_tools_schemas_and_the_records_keep_th
     loop.max_prompt_length = len(with_tools) - 1
     with pytest.raises(ValueError, match=r"with the tools' schemas the prompt is \d+ tokens, over data.maxPromptLength"):
         loop.generate([tool_row], SamplingParams(n=1, max_tokens=4))
+
+
+AGENTS = "tests.rollout.tool_fixtures.agents"
+
+
+def _spec(tmp_path, model, **rollout):
+    from grpo_api.jobfile import load_job
+    from tests.rollout.conftest import write_job as write_rollout_job
+    return load_job(write_rollout_job(tmp_path / "job.yaml", model, rollout={"n": 2, **rollout})).spec
+
+
+def test_a_custom_agent_loop_runs_in_place_of_the_tool_loop(engine, lookup_model, tmp_path):
+    """rollout.agentLoop (issue 32, item 6): the user's class gets the engine and the request's
+    prompts; its trajectories are recorded with their mask (the simulated user's turn masked
+    out) and turns, and its environment's facts."""
+    from grpo_rollout.agent_loop import CustomAgentLoop, build_agent_loop
+    from tests.rollout.tool_fixtures.agents import USER_TURN
+    spy = RecordingEngine(engine)
+    loop = build_agent_loop(_spec(tmp_path, lookup_model, agentLoop=f"{AGENTS}:SimulatedUser"), spy)
+    assert isinstance(loop, CustomAgentLoop)
+    tok = engine.tokenizer
+    prompt = lookup_prompt(tok)
+    [group] = loop.generate([prompt], SamplingParams(n=2, max_tokens=4, seed=1))
+    user = tok.convert_tokens_to_ids(USER_TURN)
+    for s in group:
+        first = len(s.response_mask) - s.response_mask[::-1].index(0)     # after the user's turn
+        assert s.response_mask == [1] * (first - len(user)) + [0] * len(user) + [1] * (len(s.token_ids) - first)
+        assert s.token_ids[first - len(user):first] == user
+        assert any(given == prompt.prompt_ids + s.token_ids[:first] for given, _ in spy.calls)   # continued from ids
+    table = rollout_table([prompt], [[Scored(s, 0.0, {}) for s in group]], policy_version=0, worker="w")
+    rows = table.to_pylist()
+    assert [r["num_turns"] for r in rows] == [3, 3]
+    assert json.loads(rows[0]["agent"]) == {"num_turns": 3, "env": "simulated-user", "tool_calls": []}
+
+
+def test_a_custom_agent_loop_that_breaks_the_contract_is_refused_by_name(engine, lookup_model, tmp_path):
+    from grpo_rollout.agent_loop import build_agent_loop
+    loop = build_agent_loop(_spec(tmp_path, lookup_model, agentLoop=f"{AGENTS}:OneGroupShort"), engine)
+    tok = engine.tokenizer
+    with pytest.raises(ValueError, match=r"spec.rollout.agentLoop .*: generate returned list of 1 groups for 2"):
+        loop.generate([lookup_prompt(tok), replace(lookup_prompt(tok), uid="0-1")], SamplingParams(n=1, max_tokens=2))
+    with pytest.raises(ValueError, match=r"spec.rollout.agentLoop .*has no class 'Nope'"):
+        build_agent_loop(_spec(tmp_path, lookup_model, agentLoop=f"{AGENTS}:Nope"), engine)
+    with pytest.raises(ValueError, match=r"spec.rollout.agentLoop: .*exclude each other"):
+        _spec(tmp_path, lookup_model, agentLoop=f"{AGENTS}:SimulatedUser",
+              multiTurn={"enable": True, "tools": ["grpo_rollout.tool_task:lookup"]})

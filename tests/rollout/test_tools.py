@@ -70,8 +70,8 @@ def test_load_tools_by_reference_and_from_a_file(tmp_path):
 
 
 @pytest.mark.parametrize("ref, says", [
-    ("no_such_module_xyz:f", "cannot import no_such_module_xyz"),
-    (f"{FIXTURES}:missing", "has no function missing"),
+    ("no_such_module_xyz:f", "can't import no_such_module_xyz"),
+    (f"{FIXTURES}:missing", "has no function 'missing'"),
     ("/nonexistent/tools.py:f", "no file /nonexistent/tools.py"),
 ])
 def test_a_tool_that_does_not_load_names_its_field(ref, says):

@@ -8,12 +8,9 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
 from functools import partial
-from pathlib import Path
 
+from grpo_rollout.loading import load_attribute
 from grpo_rollout.rewards.registry import DEFAULT_REGISTRY, RewardFn, RewardRegistry
 
 AUTO = "auto"
@@ -35,36 +32,11 @@ def load_reward_function(ref: str, registry: RewardRegistry | None = None) -> Re
             _register_builtins()
             registry = DEFAULT_REGISTRY
         return partial(dispatch_by_data_source, registry=registry)
-    target, sep, name = ref.rpartition(":")
-    if not sep or not target or not name:
+    if ":" not in ref:
         raise ValueError(f"spec.reward.function {ref!r}: expected 'auto', 'module:function' or 'path/file.py:function'")
-    module = _load_file(target, ref) if target.endswith(".py") or "/" in target else _import(target, ref)
-    fn = getattr(module, name, None)
+    fn = load_attribute(ref, "spec.reward.function")
     if not callable(fn):
-        raise ValueError(f"spec.reward.function {ref!r}: {target} has no function {name!r}")
+        raise ValueError(f"spec.reward.function {ref!r}: {ref.rpartition(':')[0]} has no function "
+                         f"{ref.rpartition(':')[2]!r}")
     return fn
 
-
-def _import(module_name: str, ref: str):
-    try:
-        return importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"spec.reward.function {ref!r}: can't import {module_name}: {exc}") from None
-
-
-def _load_file(path: str, ref: str):
-    file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"spec.reward.function {ref!r}: no file {file.absolute()}")
-    # verl registers the file as `custom_module`; a name derived from the path lets two
-    # different files coexist.
-    module_name = f"grpo_custom_reward_{abs(hash(str(file.absolute())))}"
-    spec = importlib.util.spec_from_file_location(module_name, file)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        del sys.modules[module_name]
-        raise ValueError(f"spec.reward.function {ref!r}: loading {file} failed: {type(exc).__name__}: {exc}") from None
-    return module

@@ -11,16 +11,13 @@ arguments, e.g. the ground truth a checking tool compares against).
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
 import re
-import sys
 import types
 import typing
-from pathlib import Path
 from typing import Any, Callable
 
+from grpo_rollout.loading import load_attribute
 from grpo_rollout.tools.base import Tool, ToolError
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object",
@@ -86,25 +83,10 @@ def function_schema(fn: Callable) -> dict:
 
 
 def import_function(ref: str) -> Callable:
-    """`module:function` or `path/to/file.py:function` (the reward functions' convention)."""
-    target, _, name = ref.rpartition(":")
-    if target.endswith(".py"):
-        path = Path(target)
-        if not path.is_file():
-            raise ValueError(f"tool {ref!r}: no file {target}")
-        module_name = f"grpo_tool_{abs(hash(str(path.resolve())))}"
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as exc:
-            raise ValueError(f"tool {ref!r}: cannot import {target}: {exc}") from exc
-    fn = getattr(module, name, None)
+    """`module:function` or `path/to/file.py:function` (grpo_rollout.loading)."""
+    fn = load_attribute(ref, "tool")
     if not callable(fn):
-        raise ValueError(f"tool {ref!r}: {target} has no function {name}")
+        raise ValueError(f"tool {ref!r}: {ref.rpartition(':')[0]} has no function {ref.rpartition(':')[2]!r}")
     return fn
 
 
