@@ -232,10 +232,10 @@ def test_a_worker_down_for_a_while_loses_its_shards_and_is_resynced(tmp_path, ti
         assert table.num_rows == 4 * 4
     # a step while B was down: its shard was generated again elsewhere (a later attempt accepted)
     down = root / "rollouts" / f"step-{killed_after + 2}"
-    assert any(not p.name.endswith("-attempt-1.parquet") for p in down.iterdir())
+    assert any(not p.name.endswith("-attempt-1.parquet") for p in down.glob("*.parquet"))
     # the last step: both shards at their first attempt again (attempt 1 of shard k goes to
     # worker k: B generated shard 1, at the right version)
-    last = sorted(p.name for p in (root / "rollouts" / f"step-{steps}").iterdir())
+    last = sorted(p.name for p in (root / "rollouts" / f"step-{steps}").glob("*.parquet"))
     assert last == ["train-shard-000-attempt-1.parquet", "train-shard-001-attempt-1.parquet"]
 
 
