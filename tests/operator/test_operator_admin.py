@@ -177,12 +177,15 @@ def test_helm_uninstall_is_refused_while_a_job_is_unfinished(k, operator_kubecon
     k.create("live")
     k.create("done", **{"rollout.template": {"spec": {"hostNetwork": True}}})   # refused: finished, Failed
     k.wait_phase("Failed", name="done")
-    refused = check()
+    # Every namespace (the chart's default; other tests' jobs may be listed too), then only this one.
+    everywhere = check()
+    assert everywhere.returncode == 1 and f"{k.ns}/live (" in everywhere.stderr, everywhere.stdout + everywhere.stderr
+    refused = check(namespaces=k.ns)
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert f"{k.ns}/live (" in refused.stderr and f"{k.ns}/done" not in refused.stderr
     assert "helm uninstall --no-hooks" in refused.stderr
     assert check(namespaces="some-other-namespace").returncode == 0      # watchNamespaces: only those
     k.custom.delete_namespaced_custom_object("grpo.dev", "v1alpha1", k.ns, "grpojobs", "live")
     eventually(lambda: k.get("live") is None, timeout=60, what="the live job gone")
-    allowed = check()
+    allowed = check(namespaces=k.ns)
     assert allowed.returncode == 0 and "can be uninstalled" in allowed.stdout, allowed.stdout + allowed.stderr

@@ -278,7 +278,7 @@ def test_trainer_failure_restarts_then_fails_after_backoff_limit(k, control_plan
     eventually(lambda: k.deployment().spec.replicas == 0, what="rollout scaled to zero")
     assert k.trainer_job().metadata.labels["grpo.dev/attempt"] == "1"   # kept for `kubectl logs`
     wide = table(kubectl(kubectl_bin, control_plane, "-n", k.ns, "get", "gj", "-o", "wide").stdout)
-    assert list(wide[0])[-3:] == ["RESTARTS", "EPOCH", "REASON"]
+    assert list(wide[0])[-4:] == ["RESTARTS", "RESUMED-FROM", "EPOCH", "REASON"]
     assert (wide[0]["PHASE"], wide[0]["RESTARTS"], wide[0]["REASON"]) == ("Failed", "1", "BackoffLimitExceeded")
 
 
