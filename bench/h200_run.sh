@@ -96,6 +96,10 @@ for phase in $PHASES; do
     agent-loop-vllm) echo "=== agent-loop-vllm"; GRPO_TEST_ENGINE=vllm timeout -k 10 "$(phase_timeout 240)" \
                     $PY -m pytest -x -q --tb=short -p no:cacheprovider tests/rollout/test_agent_loop.py 2>&1 \
                     | grep -v -E "Warning|warn" | tail -150 ;;
+    # Issue 32 item 8: the agent loop (4 turns x 128 tokens, a tool call scripted in each) against one
+    # 512-token turn, on vLLM (bench/agent_loop_bench.py). Issue 31: an LLM judge on vLLM.
+    agent-loop-bench) SCRIPT=bench/agent_loop_bench.py run agent-loop-bench 240 90 $extra ;;
+    judge-vllm)   SCRIPT=bench/reward_model_bench.py run judge-vllm 240 90 --judge $extra ;;
     vllm-check)   SCRIPT=bench/vllm_check.py run vllm-check 330 150 $extra ;;
     trl-vllm)     run trl-vllm 280 150 trl --vllm --warmup 1 --steps 2 $extra ;;
     # Issue 20, two GPUs (bench/x2_bench.py): the link, the nccl weight path and its abort, FSDP2

@@ -1,10 +1,15 @@
-"""Throughput of a classifier reward model (issue 31): a Qwen3-1.7B-shaped sequence classifier
-(random weights, one label, bf16) scoring 256 responses of 512 tokens, as `grpo reward` does
-(grpo_rollout.reward_models.ClassifierScorer: rendered with the RM's chat template, batched by
-tokens), directly and through the gRPC server and client (token auth, plaintext on loopback).
-One JSON line per result on stdout; bench/RESULTS.md has the numbers.
+"""Throughput of reward models (issue 31), as `grpo reward` scores 256 responses of 512 tokens.
 
-    python bench/reward_model_bench.py [--tiny]     # --tiny: CPU check at a tiny size
+- classifier (default): a Qwen3-1.7B-shaped sequence classifier (random weights, one label, bf16),
+  grpo_rollout.reward_models.ClassifierScorer (rendered with the RM's chat template, batched by
+  tokens), directly and through the gRPC server and client (token auth, plaintext on loopback).
+- `--judge`: a Qwen3-1.7B-shaped causal LM as an LLM judge, JudgeScorer on the vLLM engine (hf
+  with --tiny): the template filled, greedy decoding of `--judge-new-tokens`, the tag parser.
+  Random weights write no score, so every answer counts as unparsed: only the time means something.
+
+One JSON line per result on stdout (and appended to --results); bench/RESULTS.md has the numbers.
+
+    python bench/reward_model_bench.py [--judge] [--tiny]     # --tiny: CPU check at a tiny size
 """
 
 from __future__ import annotations
@@ -21,9 +26,9 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
             num_key_value_heads=2, head_dim=16, max_position_embeddings=1024)
 
 
-def build(out: str, size: dict, vocab_size: int, device: str) -> None:
+def build(out: str, size: dict, vocab_size: int, device: str, *, causal_lm: bool = False) -> None:
     import torch
-    from transformers import Qwen3Config, Qwen3ForSequenceClassification
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3ForSequenceClassification
 
     from grpo_rollout.tiny import IM_END, PAD, build_tokenizer
     tok = build_tokenizer()
@@ -32,7 +37,7 @@ def build(out: str, size: dict, vocab_size: int, device: str) -> None:
                          num_labels=1, dtype="bfloat16", **size)
     torch.manual_seed(0)
     with torch.device(device):
-        model = Qwen3ForSequenceClassification(config).to(torch.bfloat16)
+        model = (Qwen3ForCausalLM if causal_lm else Qwen3ForSequenceClassification)(config).to(torch.bfloat16)
     model.save_pretrained(out)
     tok.save_pretrained(out)
 
@@ -51,7 +56,17 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--n", type=int, default=256)
     p.add_argument("--response-tokens", type=int, default=512)
+    p.add_argument("--judge", action="store_true")
+    p.add_argument("--judge-new-tokens", type=int, default=64)
+    p.add_argument("--results", default=None)
+    p.add_argument("--workdir", default=None)      # h200_run.sh passes these two; the model goes to a temp dir
+    p.add_argument("--log-dir", default=None)
     args = p.parse_args()
+    if args.results:
+        global print_row
+        print_row = _appending(args.results)
+    if args.judge:
+        return judge(args)
     import torch
 
     from grpo_api.spec import RewardModelSpec
@@ -85,7 +100,7 @@ def main() -> None:
                "max_tokens_per_batch": budget, "seconds": round(best, 4),
                "responses_per_s": round(n / best, 1), "tokens_per_s": round(out.tokens / best),
                "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == "cuda" else None}
-        print(json.dumps(row), flush=True)
+        print_row(row)
         if budget == 65536:
             server, port = start_server(RewardServicer("rm", scorer, RewardServerMetrics("b", "b", "rm")), "tok",
                                         host="127.0.0.1", port=0)
@@ -94,17 +109,70 @@ def main() -> None:
             t = time.perf_counter()
             client.score("bench", batch)
             served = time.perf_counter() - t
-            print(json.dumps({"what": "classifier served (gRPC, loopback)", "device": device, "responses": n,
+            print_row({"what": "classifier served (gRPC, loopback)", "device": device, "responses": n,
                               "max_tokens_per_batch": budget, "seconds": round(served, 4),
                               "responses_per_s": round(n / served, 1),
-                              "overhead_vs_direct_s": round(served - best, 4)}), flush=True)
+                              "overhead_vs_direct_s": round(served - best, 4)})
             client.close()
             server.stop(0)
         scorer.close()
         del scorer
         if device == "cuda":
             torch.cuda.empty_cache()
-    print(json.dumps({"what": "total", "seconds": round(time.perf_counter() - t0, 1)}), flush=True)
+    print_row({"what": "total", "seconds": round(time.perf_counter() - t0, 1)})
+
+
+def print_row(row: dict) -> None:
+    print(json.dumps(row), flush=True)
+
+
+def _appending(path: str):
+    def emit(row: dict) -> None:
+        row = {"bench": "reward_model", **row}
+        print(json.dumps(row), flush=True)
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    return emit
+
+
+JUDGE_TEMPLATE = ("Rate how well the response answers the question, from 0 to 10.\n\nQuestion: {prompt}\n\n"
+                  "Response: {response}\n\nAnswer with <score>N</score>.")
+
+
+def judge(args) -> None:
+    import torch
+
+    from grpo_api.spec import RewardModelSpec
+    from grpo_rollout.reward_models import JudgeScorer, ScoreInput
+
+    gpu = torch.cuda.is_available() and not args.tiny
+    n = 16 if args.tiny else args.n
+    folder = tempfile.mkdtemp(prefix="rm-judge-bench-")
+    t0 = time.perf_counter()
+    build(folder, TINY if args.tiny else QWEN3_1_7B, 0 if args.tiny else 151936, "cuda" if gpu else "cpu",
+          causal_lm=True)
+    inputs = [ScoreInput(i.messages, i.response, i.ground_truth)
+              for i in items(n, 64 if args.tiny else args.response_tokens)]
+    spec = RewardModelSpec(name="judge", kind="judge", path=folder, engine="vllm" if gpu else "hf",
+                           prompt_template=JUDGE_TEMPLATE, max_new_tokens=8 if args.tiny else args.judge_new_tokens,
+                           max_length=2048, max_tokens_per_batch=65536, gpu_memory_utilization=0.5)
+    t = time.perf_counter()
+    scorer = JudgeScorer(spec, device="cuda" if gpu else "cpu")
+    start_s = time.perf_counter() - t
+    scorer.score(inputs[:8])                                       # warm-up
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        out = scorer.score(inputs)
+        times.append(time.perf_counter() - t)
+    best = min(times)
+    print_row({"what": f"judge direct ({spec.engine})", "responses": n, "prompt_tokens": out.tokens,
+               "new_tokens_max": spec.max_new_tokens, "seconds": round(best, 3), "all_s": [round(x, 3) for x in times],
+               "responses_per_s": round(n / best, 1), "prompt_tokens_per_s": round(out.tokens / best),
+               "unparsed": out.unparsed, "engine_start_s": round(start_s, 1),
+               })     # no peak memory: vLLM's engine core runs in a process of its own
+    scorer.close()
+    print_row({"what": "total", "seconds": round(time.perf_counter() - t0, 1)})
 
 
 if __name__ == "__main__":
