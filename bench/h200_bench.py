@@ -11,7 +11,9 @@ subcommand runs on a CPU in seconds (the local check before the GPU run).
   build    model dir (config + random weights + the tiny word-level tokenizer), dataset, job yaml
   matmul   bf16 8192^3 matmul rate (the MFU denominator)
   train    training phase with our code: build_policy/build_reference (FSDP2, world size 1),
-           actor.compute_logprobs (reference) + actor.update_policy, per maxTokensPerGPU
+           actor.compute_logprobs (reference) + actor.update_policy, per maxTokensPerGPU, LM head
+           (--heads fused,logits: model.useFusedKernels) and layout (--layouts padded,packed:
+           model.useRemovePadding); --lengths skewed: realistic lengths, the same tokens (issue 34)
   gen      generation with the hf engine: the pre-issue-14 engine ("baseline", a copy in
            bench/hf_engine_baseline.py) and the current one
   sync     gRPC weight sync of the full model to a `grpo rollout` server subprocess (hf, GPU)
@@ -235,6 +237,56 @@ def synthetic_samples(w: dict, vocab: int, seed: int = 0):
     return samples
 
 
+def skewed_samples(w: dict, vocab: int, total_tokens: int, seed: int = 0):
+    """Realistic lengths (issue 34): prompts of 100-400 tokens, responses log-normal around a
+    median of a third of the response limit (~250 of 768 at full size), cut at 4/3 of the fixed
+    workload's response length (1024), and as many groups of n as make `total_tokens` (the fixed
+    workload's), so both have the same tokens per step."""
+    import math
+    import random
+
+    from grpo_trainer.batch import Sample
+    rng = random.Random(seed)
+    cap, median = w["response_len"] * 4 // 3, w["response_len"] * 250 // 512
+    low, high = w["prompt_len"] * 100 // 256, w["prompt_len"] * 400 // 256
+    samples, tokens, p = [], 0, 0
+    while tokens < total_tokens:
+        prompt = [rng.randrange(vocab) for _ in range(rng.randint(low, high))]
+        for i in range(w["n"]):
+            n = max(1, min(cap, round(math.exp(rng.gauss(math.log(median), 0.8)))))
+            resp = [rng.randrange(vocab) for _ in range(n)]
+            samples.append(Sample(f"u{p}", p, i, prompt, resp, [-1.0] * n, float(rng.random() < 0.5), "stop"))
+            tokens += len(prompt) + n
+        p += 1
+    return samples
+
+
+def set_lm_head(model, fused: bool) -> None:
+    """The LM head as model.useFusedKernels true or false makes it (a class swap, the same weight)."""
+    import torch
+
+    from grpo_trainer.lm_head import FusedLMHead
+    model.get_output_embeddings().__class__ = FusedLMHead if fused else torch.nn.Linear
+
+
+def model_attention(spec, dev) -> str:
+    from grpo_trainer.attention import attn_implementation
+    return attn_implementation(dev, spec.model.use_remove_padding)
+
+
+def packed_check(model, group, samples, adv, dev, temperature: float) -> float:
+    """The largest |difference| of the policy's log-probs on one micro-batch's response tokens,
+    packed against padded (attention kernels and layouts: only rounding may differ)."""
+    import torch
+
+    from grpo_trainer import actor, batch as batching
+    with torch.no_grad():
+        packed = batching.collate(group, samples, adv, 0, dev, pack=True)
+        padded = batching.collate(group, samples, adv, 0, dev)
+        diff = actor.forward_logprobs(model, packed, temperature)[0] - actor.forward_logprobs(model, padded, temperature)[0]
+    return float(diff[padded.response_mask.bool()].abs().max())
+
+
 def init_dist(dev) -> None:
     import socket
 
@@ -252,14 +304,19 @@ def cmd_train(args) -> None:
 
     from grpo_trainer import actor, batch as batching
     from grpo_trainer.model import build_optimizer, build_policy, build_reference
+    if set(args.heads) - {"fused", "logits"} or set(args.layouts) - {"padded", "packed"}:
+        raise SystemExit(f"--heads: fused, logits; --layouts: padded, packed (got {args.heads}, {args.layouts})")
     dev = device()
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     init_dist(dev)
     w = workload(args)
-    job = load_bench_job(args)
+    # With packed rows the models get model.useRemovePadding's attention (varlen on a GPU; padded
+    # rows then run sdpa as before).
+    job = load_bench_job(args, **({"spec.model.useRemovePadding": "true"} if "packed" in args.layouts else {}))
     spec = job.spec
     config = AutoConfig.from_pretrained(spec.model.path)
+    log(f"attention: {model_attention(spec, dev)}")
     peak = matmul_rate(dev)
     log(f"matmul peak {peak / 1e12:.0f} TFLOP/s")
     t0 = time.perf_counter()
@@ -268,17 +325,25 @@ def cmd_train(args) -> None:
     opt, sched = build_optimizer(model, spec.trainer, total_steps=1000)
     log(f"policy + reference built in {time.perf_counter() - t0:.1f}s")
     samples = synthetic_samples(w, config.vocab_size)
+    if args.lengths == "skewed":
+        samples = skewed_samples(w, config.vocab_size, sum(s.length for s in samples))
     adv = batching.advantages_per_sample(samples, "grpo", norm_adv_by_std=True, gamma=1.0)
     seq = w["prompt_len"] + w["response_len"]
     flops = model_flops(config, seq)
     tokens = sum(s.length for s in samples)
-    for k, max_tokens in enumerate(args.max_tokens):
+    log(f"{len(samples)} samples, {tokens} tokens ({args.lengths} lengths, longest {max(s.length for s in samples)})")
+    variants = [(t, head, layout) for t in args.max_tokens for head in args.heads for layout in args.layouts]
+    for k, (max_tokens, head, layout) in enumerate(variants):
+        for m in (model, ref):
+            set_lm_head(m, head == "fused")
+        packed = layout == "packed"
         spec_k = load_bench_job(args, **{"spec.trainer.maxTokensPerGPU": max_tokens}).spec
-        groups = batching.micro_batches(list(range(len(samples))), samples,
+        groups = batching.micro_batches(list(range(len(samples))), samples, packed=packed,
                                         max_count=spec_k.trainer.micro_batch_size_per_gpu, max_tokens=max_tokens)
-        mbs = [batching.collate(g, samples, adv, 0, dev) for g in groups]
-        steps = args.steps + (args.warmup if k == 0 else 0)
+        mbs = [batching.collate(g, samples, adv, 0, dev, pack=packed) for g in groups]
+        steps = args.steps + args.warmup    # each variant warms up: its own shapes and memory
         if dev.type == "cuda":
+            torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(dev)
         rows = []
         for step in range(steps):
@@ -292,15 +357,19 @@ def cmd_train(args) -> None:
             t3 = time.perf_counter()
             rows.append({"ref_s": t2 - t1, "update_s": t3 - t2, "train_s": t3 - t1,
                          "kl_loss": result.metrics.get("actor/kl_loss"), "grad_norm": result.metrics.get("actor/grad_norm")})
-            log(f"maxTokensPerGPU={max_tokens} step {step}: ref {t2 - t1:.2f}s update {t3 - t2:.2f}s "
+            log(f"maxTokensPerGPU={max_tokens} {head} head {layout} step {step}: ref {t2 - t1:.2f}s update {t3 - t2:.2f}s "
                 f"kl {result.metrics.get('actor/kl_loss'):.3g} gn {result.metrics.get('actor/grad_norm'):.3g}")
-        timed = rows[args.warmup if k == 0 else 0:]
+        check = packed_check(model, groups[0], samples, adv, dev, spec_k.rollout.temperature) if packed else None
+        timed = rows[args.warmup:]
         train_s = median([r["train_s"] for r in timed])
         ref_s, upd_s = median([r["ref_s"] for r in timed]), median([r["update_s"] for r in timed])
         mfu_flops = tokens * flops["fwd_per_token"] * 4          # ref fwd + policy fwd/bwd (3x)
         hfu_flops = tokens * flops["fwd_per_token"] * 5          # + the checkpointed recompute
-        emit(args, "train", max_tokens_per_gpu=max_tokens, compiled=args.compile, micro_batches=len(mbs),
-             micro_batch_rows=[len(g) for g in groups], tokens=tokens, steps=rows, warmup=args.warmup if k == 0 else 0,
+        emit(args, "train", max_tokens_per_gpu=max_tokens, head=head, layout=layout, lengths=args.lengths,
+             packed_vs_padded_logp_max_diff=check, attention=model_attention(spec, dev),
+             model_tokens=sum((mb.packed or mb).input_ids.numel() for mb in mbs),   # padding included
+             compiled=args.compile, micro_batches=len(mbs),
+             micro_batch_rows=[len(g) for g in groups], tokens=tokens, steps=rows, warmup=args.warmup,
              ref_s=ref_s, update_s=upd_s, train_s=train_s, tokens_per_s=tokens / train_s,
              update_tokens_per_s=tokens / upd_s, ref_tokens_per_s=tokens / ref_s,
              mfu=mfu_flops / train_s / peak, hfu=hfu_flops / train_s / peak,
@@ -701,6 +770,12 @@ def main(argv=None) -> int:
     p.add_argument("--gen-tokens", dest="max_tokens_gen", type=int, default=None)
     p.add_argument("--sync-variants", type=lambda s: s.split(","), default=["fp32", "bf16-dedup"])
     p.add_argument("--compile", action="store_true", help="train: torch.compile each decoder layer")
+    p.add_argument("--heads", type=lambda s: s.split(","), default=["fused"],
+                   help="train: LM heads to measure, fused (model.useFusedKernels, the default) and/or logits")
+    p.add_argument("--layouts", type=lambda s: s.split(","), default=["padded"],
+                   help="train: micro-batch layouts, padded and/or packed (model.useRemovePadding)")
+    p.add_argument("--lengths", default="fixed", choices=["fixed", "skewed"],
+                   help="train: every sample prompt_len + response_len, or skewed lengths (the same tokens)")
     p.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="step: the rollout engine")
     p.add_argument("--weight-sync", default="nccl", choices=["nccl", "grpc"],
                    help="step: spec.weightSync.backend (nccl: cuda_ipc when co-located)")

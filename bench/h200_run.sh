@@ -75,6 +75,12 @@ for phase in $PHASES; do
     build)        run build 150 60 build $extra ;;
     train)        run train 200 60 train --max-tokens 16384,24576 --warmup 1 --steps 3 $extra ;;
     train-compile) run train-compile 200 100 train --compile --max-tokens 16384 --warmup 2 --steps 3 $extra ;;
+    # Issue 34: the fused LM head against the logits, packed against padded micro-batches, and
+    # realistic (skewed) lengths with the same tokens per step.
+    train-fused)  run train-fused 150 60 train --max-tokens 16384 --heads fused,logits --warmup 1 --steps 2 $extra ;;
+    train-packed) run train-packed 150 60 train --max-tokens 16384 --layouts padded,packed --warmup 1 --steps 2 $extra ;;
+    train-skewed) run train-skewed 150 60 train --lengths skewed --max-tokens 16384 --layouts padded,packed \
+                    --warmup 1 --steps 2 $extra ;;
     gen-baseline) run gen-baseline 90 40 gen --variant baseline --prompts 8 --gen-tokens 128 $extra ;;
     gen)          run gen 110 50 gen --variant current --reps 2 $extra ;;
     # The hf engine against a previous one (BENCH_ARGS_hf_check="--previous FILE"), bench/hf_engine_check.py.
@@ -127,7 +133,9 @@ except FileNotFoundError:
 for r in rows:
     b = r["bench"]
     if b == "train":
-        print(f"train T={r['max_tokens_per_gpu']}: {r['train_s']:.2f}s (ref {r['ref_s']:.2f} upd {r['update_s']:.2f}) "
+        print(f"train T={r['max_tokens_per_gpu']} {r.get('head', 'logits')} {r.get('layout', 'padded')} "
+              f"{r.get('lengths', 'fixed')} {r.get('attention', 'sdpa')} x{r['micro_batches']}: {r['train_s']:.2f}s "
+              f"(ref {r['ref_s']:.2f} upd {r['update_s']:.2f}) packed-vs-padded {r.get('packed_vs_padded_logp_max_diff')} "
               f"{r['tokens_per_s']:.0f} tok/s MFU {r['mfu']:.3f} HFU {r['hfu']:.3f} peak {r['peak_tflops']:.0f}TF mem {r['max_mem_gb']}")
     elif b == "gen":
         print(f"gen {r['variant']} batch {r['batch']}: {r['sequences']}x{r['max_tokens']} median {r['median_s']:.2f}s "

@@ -546,6 +546,8 @@ RULES: tuple[Rule, ...] = (
     Map("actor_rollout_ref.model.tokenizer_path", "model.tokenizerPath"),
     Map("actor_rollout_ref.model.trust_remote_code", "model.trustRemoteCode"),
     Map("actor_rollout_ref.model.enable_gradient_checkpointing", "model.gradientCheckpointing"),
+    Map("actor_rollout_ref.model.use_fused_kernels", "model.useFusedKernels", "log-probs from the LM head's input"),
+    Map("actor_rollout_ref.model.use_remove_padding", "model.useRemovePadding", "packed micro-batches"),
     Map("actor_rollout_ref.model.lora_rank", "model.lora.rank", "0 = full-parameter training", _lora_rank),
     Map("actor_rollout_ref.model.lora.rank", "model.lora.rank", "verl 0.9's layout; 0 = off", _lora_rank),
     Map("actor_rollout_ref.model.lora_alpha", "model.lora.alpha", "only with LoRA", _lora_only()),

@@ -82,6 +82,10 @@ class ModelSpec(_Model):
     """Recompute activations in the backward pass to save memory (verl: enable_gradient_checkpointing)."""
     trust_remote_code: bool = False
     """Allow model code from the model repository (verl: trust_remote_code)."""
+    use_fused_kernels: bool = True
+    """Compute the policy's and reference's log-probs and entropies chunk by chunk from the LM head's input, forward and backward, never the [tokens x vocab] logits (Liger's fused linear cross-entropy; verl: actor_rollout_ref.model.use_fused_kernels). Same numbers to float32 rounding, several GB less memory per micro-batch; false: the logits path."""
+    use_remove_padding: bool = False
+    """Pack each micro-batch's samples into one row without padding, each with its own positions from 0, for the policy, the reference and the critic (verl: actor_rollout_ref.model.use_remove_padding); transformers then lets each sample attend only to itself (a block-diagonal causal mask with sdpa). With maxTokensPerGPU the budget counts the samples' tokens, not count x longest. Same numbers as padded rows to float32 rounding."""
     lora: LoRASpec | None = None
     """Train LoRA adapters on the frozen model instead of every weight; the reference model is the model with its adapters disabled. Null: full-parameter training."""
 

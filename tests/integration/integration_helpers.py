@@ -60,9 +60,9 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 
 def write_job(path: Path, *, name: str, model: Path, train: Path, storage: Path, val: Path | None = None,
-              lora: dict | None = None, **sections) -> Path:
+              lora: dict | None = None, model_options: dict | None = None, **sections) -> Path:
     """A GRPOJob for CPU: tiny model, hf engine, file:// storage; `sections` are merged into spec;
-    `lora`: spec.model.lora."""
+    `lora`: spec.model.lora; `model_options`: merged into spec.model."""
     spec = {
         "model": {"path": str(model), "dtype": "float32", "gradientCheckpointing": False},
         "data": {"trainFiles": [str(train)], "valFiles": [str(val)] if val else [], "trainBatchSize": 4,
@@ -78,6 +78,7 @@ def write_job(path: Path, *, name: str, model: Path, train: Path, storage: Path,
     }
     if lora is not None:
         spec["model"]["lora"] = lora
+    spec["model"].update(model_options or {})
     for key, value in sections.items():
         spec.setdefault(key, {}).update(value)
     doc = {"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob", "metadata": {"name": name}, "spec": spec}

@@ -16,8 +16,9 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 # The phases that run on a CPU with the project's own dependencies (not trl or vllm; vllm-check
 # drives a real `grpo rollout` server with the hf engine there).
-PHASES = {"build": "build", "train": "train", "gen": "gen", "hf-check": "hf_engine", "sync": "sync",
-          "storage": "storage", "step": "step", "vllm-check": "vllm_weight_update"}
+PHASES = {"build": "build", "train": "train", "train-fused": "train", "train-skewed": "train", "gen": "gen",
+          "hf-check": "hf_engine", "sync": "sync", "storage": "storage", "step": "step",
+          "vllm-check": "vllm_weight_update"}
 
 
 def test_bench_phases_run_at_tiny_sizes_and_record_their_results(tmp_path):
@@ -35,6 +36,11 @@ def test_bench_phases_run_at_tiny_sizes_and_record_their_results(tmp_path):
         assert f"=== {phase} rc=0" in log, log[-4000:]
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert {r["bench"] for r in results} >= set(PHASES.values()), results
+    # Issue 34's variants: both LM heads, both layouts, realistic lengths packed in fewer tokens.
+    train = {(r["head"], r["layout"], r["lengths"]): r for r in results if r["bench"] == "train"}
+    assert {("fused", "padded", "fixed"), ("logits", "padded", "fixed"), ("fused", "packed", "skewed")} <= set(train)
+    skewed = train["fused", "packed", "skewed"]
+    assert skewed["model_tokens"] == skewed["tokens"] < train["fused", "padded", "skewed"]["model_tokens"]
     # On CPU in float32 the engine decodes greedily exactly as the plain reference loop does.
     (greedy,) = [r for r in results if r["bench"] == "hf_engine_greedy"]
     assert greedy["identical"] == greedy["rows"] > 0, greedy

@@ -16,11 +16,13 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import secrets
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -292,9 +294,10 @@ def _resume_run(tmp: Path, name: str, model, data, reward, steps_then: list[int]
 
 # PPO: the critic (its weights, optimizer and LR schedule) is part of the checkpoint too, and so
 # is the adaptive coefficient of the KL penalty in the reward.
+# And packed micro-batches (model.useRemovePadding) for the policy, the reference and the critic.
 PPO = {"algorithm": {"advEstimator": "gae", "lam": 0.95, "useKLInReward": True,
                      "klCtrl": {"type": "adaptive", "klCoef": 0.05, "targetKl": 1e-4, "horizon": 40}},
-       "critic": {"lr": 1e-3, "lrWarmupSteps": 4}}
+       "critic": {"lr": 1e-3, "lrWarmupSteps": 4}, "model_options": {"useRemovePadding": True}}
 
 
 # LoRA: the adapters and their optimizer state are the checkpoint; the base comes from model.path.
@@ -435,3 +438,28 @@ def test_truncation_error_names_file_and_row(tmp_path, tiny_model, quickstart_da
     assert "maxPromptLength=32" in result.output
     assert "Step 1" not in result.output
     assert not (run_root(tmp_path / "store", "overlong") / "prompts").exists()
+
+
+# --- the log-probs through the trainer's sharded models (logprobs_rank.py, one gloo rank) ------
+
+def test_fused_lm_head_and_packed_rows_give_the_logits_paths_logprobs_and_gradients(tmp_path, tiny_model):
+    """model.useFusedKernels (issue 34): the trainer's forward_logprobs on FSDP2-sharded models
+    (gradient checkpointing on) equals the logits path to float32 rounding, and both equal a
+    float64 copy: log-probs and entropies on the responses' tokens (padding, a tool turn), and
+    every gradient of a loss with both, for tied and untied heads, LoRA, the reference; under
+    bf16 mixed precision the fused head is as close to float64 as the logits path. And
+    model.useRemovePadding: the samples packed in one row give the padded rows' numbers (the
+    critic's values too), which positions that don't restart at each sample would not."""
+    from grpo_rollout.tiny import build_tiny_model
+    tied = build_tiny_model(tmp_path / "tied", seed=0, tie_word_embeddings=True)
+    out = subprocess.run([sys.executable, str(Path(__file__).with_name("logprobs_rank.py")), str(tied),
+                          str(tiny_model)], capture_output=True, text=True, env=child_env(), timeout=300)
+    assert out.returncode == 0, out.stderr[-4000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report.pop("tied/head-is-embedding") is True
+    assert report.pop("untied/run-on-positions-differ") > 1e-3
+    bf16 = {k: report.pop(k) for k in list(report) if k.startswith("bf16/")}
+    for check, diffs in report.items():
+        assert max(diffs.values()) < 1e-5, (check, diffs)
+    for key in ("logp", "entropy", "grads"):
+        assert bf16["bf16/fused-vs-float64"][key] < 1.5 * bf16["bf16/logits-vs-float64"][key] + 1e-3, bf16

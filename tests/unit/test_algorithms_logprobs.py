@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from grpo_trainer.algorithms import entropy_from_logits, logprobs_from_logits
+from grpo_trainer.algorithms import entropy_from_logits, fused_linear_logprobs, logprobs_from_logits
 
 
 def plain_logprobs(logits, labels):
@@ -108,3 +108,89 @@ def test_labels_must_match_the_logits_positions():
     logits, labels = _inputs()
     with pytest.raises(ValueError, match="labels shape"):
         logprobs_from_logits(logits, labels[:, :-1])
+
+
+def _head_inputs(n=23, hidden=6, vocab=40, seed=1, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, hidden, generator=gen).to(dtype)
+    w = (2 * torch.randn(vocab, hidden, generator=gen)).to(dtype)
+    return h, w, torch.randint(0, vocab, (n,), generator=gen), torch.randn(n, generator=gen), torch.randn(n, generator=gen)
+
+
+def _float64_reference(h, w, labels, temperature, a, b, *, grad_w=True):
+    """Autograd in float64 through log_softmax(h @ w.T / T): values and gradients of sum(a logp + b H)."""
+    h64 = h.detach().double().requires_grad_()
+    w64 = w.detach().double().requires_grad_(grad_w)
+    logp_all = torch.log_softmax(h64 @ w64.t() / temperature, dim=-1)
+    logp = logp_all.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    (a.double() @ logp + b.double() @ entropy).backward()
+    return logp, entropy, h64.grad, w64.grad
+
+
+@pytest.mark.parametrize("chunk_size", [5, 1000])        # 5 leaves a remainder of 23 tokens
+@pytest.mark.parametrize("grad_w", [True, False])         # False: a frozen head (LoRA, the reference)
+def test_fused_head_logprobs_entropy_and_gradients_match_float64(chunk_size, grad_w):
+    h, w, labels, a, b = _head_inputs()
+    h.requires_grad_()
+    w.requires_grad_(grad_w)
+    logp, entropy = fused_linear_logprobs(h, w, labels, temperature=0.7, with_entropy=True, chunk_size=chunk_size)
+    (a @ logp + b @ entropy).backward()
+    ref_logp, ref_entropy, ref_gh, ref_gw = _float64_reference(h, w, labels, 0.7, a, b, grad_w=grad_w)
+    assert logp.dtype == torch.float32
+    torch.testing.assert_close(logp.double(), ref_logp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy.double(), ref_entropy, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(h.grad.double(), ref_gh, rtol=1e-4, atol=1e-5)
+    if grad_w:
+        torch.testing.assert_close(w.grad.double(), ref_gw, rtol=1e-4, atol=1e-5)
+    else:
+        assert w.grad is None
+
+
+def test_fused_head_without_entropy_or_with_it_detached_gives_the_logprob_gradient():
+    h, w, labels, a, _ = _head_inputs()
+    ref_logp, _, ref_gh, ref_gw = _float64_reference(h, w, labels, 1.0, a, torch.zeros_like(a))
+    for with_entropy in (False, True):
+        hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+        logp, entropy = fused_linear_logprobs(hh, ww, labels, with_entropy=with_entropy, chunk_size=4)
+        assert (entropy is None) == (not with_entropy)
+        (a @ logp + (entropy.detach().sum() if with_entropy else 0)).backward()
+        torch.testing.assert_close(logp.double(), ref_logp, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(hh.grad.double(), ref_gh, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(ww.grad.double(), ref_gw, rtol=1e-4, atol=1e-5)
+
+
+def test_fused_head_gradcheck_in_float64():
+    h, w, labels, _, _ = _head_inputs(n=7, hidden=3, vocab=9, dtype=torch.float64)
+    h.requires_grad_(), w.requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda h, w: fused_linear_logprobs(h, w, labels, temperature=0.6, with_entropy=True, chunk_size=3), (h, w))
+
+
+def test_fused_head_equals_the_logits_path_and_never_holds_tokens_by_vocab():
+    tokens, hidden, vocab, chunk = 64, 8, 100, 8
+    h, w, labels, a, b = _head_inputs(n=tokens, hidden=hidden, vocab=vocab)
+    h.requires_grad_(), w.requires_grad_()
+    with _LargestFloat32() as seen:
+        logp, entropy = fused_linear_logprobs(h, w, labels, temperature=0.7, with_entropy=True, chunk_size=chunk)
+        (a @ logp + b @ entropy).backward()
+    assert seen.largest <= max(chunk * vocab, vocab * hidden)     # a chunk's logits, or grad_W
+    # The logits path (what the trainer computed before): same numbers to float32 rounding.
+    h2, w2 = h.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    logits = (h2 @ w2.t()) / 0.7
+    with _LargestFloat32() as plain:
+        plain_logp, plain_entropy = logprobs_from_logits(logits, labels), entropy_from_logits(logits)
+        (a @ plain_logp + b @ plain_entropy).backward()
+    assert plain.largest == tokens * vocab
+    torch.testing.assert_close(logp, plain_logp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy, plain_entropy, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(h.grad, h2.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(w.grad, w2.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_head_refuses_mismatched_shapes():
+    h, w, labels, _, _ = _head_inputs()
+    with pytest.raises(ValueError, match="labels shape"):
+        fused_linear_logprobs(h, w, labels[:-1])
+    with pytest.raises(ValueError, match="weight"):
+        fused_linear_logprobs(h, w[:, :-1], labels)

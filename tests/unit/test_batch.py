@@ -29,6 +29,30 @@ def test_micro_batches_stay_within_the_token_budget():
     assert len(groups) == 3   # 20,18 | 14,8 | 6,4: longest first, greedily filled
 
 
+def test_packed_micro_batches_count_tokens_not_count_times_longest():
+    samples = [sample(0, i, length=n) for i, n in enumerate([10, 3, 7, 2, 9, 4])]
+    groups = micro_batches(list(range(6)), samples, max_count=100, max_tokens=40, packed=True)
+    assert groups == [[0, 4], [2, 5, 1, 3]]     # 20+18 | 14+8+6+4: two where padding needs three
+    assert all(sum(samples[i].length for i in g) <= 40 for g in groups)
+
+
+def test_packed_collate_is_one_row_with_positions_from_0_and_a_map_back():
+    """Hand-worked on the two samples below: a's 5 tokens then b's 4, positions restarting at 0;
+    packed position j's prediction lands at row x 4 + t of the padded [2, 4] tensors (-1: a
+    sample's last token, which predicts nothing of its own)."""
+    a = Sample("0-0", 0, 0, [11, 12], [21, 22, 23], [-0.5, -1.0, -2.0], 1.0, "stop")
+    b = Sample("0-0", 0, 1, [11, 12, 13], [24], [-0.25], 0.0, "length")
+    mb = collate([0, 1], [a, b], None, pad_id=0, device=torch.device("cpu"), pack=True)
+    assert mb.packed.input_ids.tolist() == [[11, 12, 21, 22, 23, 11, 12, 13, 24]]
+    assert mb.packed.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 3]]
+    assert mb.packed.source.tolist() == [0, 1, 2, 3, -1, 4, 5, 6, -1]
+    # the padded tensors the losses read are the unpacked micro-batch's
+    plain = collate([0, 1], [a, b], None, pad_id=0, device=torch.device("cpu"))
+    assert plain.packed is None and torch.equal(mb.response_mask, plain.response_mask)
+    assert torch.equal(mb.targets.flatten()[mb.packed.source[mb.packed.source >= 0]],
+                       mb.packed.input_ids[0, 1:][mb.packed.source[:-1] >= 0])
+
+
 def test_collate_aligns_behaviour_logprobs_with_the_response_positions():
     """Hand-worked: position t predicts token t+1, so response token j of a sample whose prompt
     has p tokens sits at column p-1+j of the [b, L-1] tensors, in both rows of the batch."""

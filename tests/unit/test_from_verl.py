@@ -346,9 +346,17 @@ BASE = ("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo data.trai
         "actor_rollout_ref.actor.ppo_mini_batch_size=16 trainer.n_gpus_per_node=2 trainer.logger=console ")
 
 
+def test_fused_kernels_and_remove_padding_map_to_the_model_fields():
+    job = translated(BASE + "actor_rollout_ref.model.use_fused_kernels=False "
+                            "actor_rollout_ref.model.use_remove_padding=True").job
+    assert job.spec.model.use_fused_kernels is False and job.spec.model.use_remove_padding is True
+    default = translated(BASE).job.spec.model
+    assert default.use_fused_kernels is True and default.use_remove_padding is False
+
+
 def test_keys_with_no_meaning_here_are_warnings(monkeypatch, capsys):
     extra = ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32 "
-             "actor_rollout_ref.model.use_remove_padding=True actor_rollout_ref.actor.fsdp_config.param_offload=False "
+             "actor_rollout_ref.model.use_shm=True actor_rollout_ref.actor.fsdp_config.param_offload=False "
              "actor_rollout_ref.actor.use_torch_compile=False "
              "trainer.val_before_train=False trainer.critic_warmup=0 algorithm.use_kl_in_reward=False "
              "trainer.logger='[\"console\",\"wandb\",\"swanlab\"]' actor_rollout_ref.actor.ppo_mini_batch_sz=16")
@@ -357,7 +365,7 @@ def test_keys_with_no_meaning_here_are_warnings(monkeypatch, capsys):
     warnings = [line.removeprefix("warning: ") for line in err.splitlines() if line.startswith("warning: ")]
     assert "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32: ignored: log-prob micro-batching " \
            "of verl's workers; log-probs here use trainer.microBatchSizePerGPU / maxTokensPerGPU" in warnings
-    assert any(w.startswith("actor_rollout_ref.model.use_remove_padding=True, actor_rollout_ref.actor.use_torch_"
+    assert any(w.startswith("actor_rollout_ref.model.use_shm=True, actor_rollout_ref.actor.use_torch_"
                             "compile=False: ignored:") for w in warnings)
     assert any(w.startswith("actor_rollout_ref.actor.fsdp_config.param_offload=False: ignored: FSDP2")
                for w in warnings)
@@ -525,7 +533,7 @@ def test_verls_lora_example_translates():
     t = translated(VERL_LORA_EXAMPLE)
     assert t.errors == []
     assert t.doc["spec"]["model"] == {"path": "Qwen/Qwen3-8B", "gradientCheckpointing": True,
-                                      "lora": {"rank": 64, "alpha": 32}}
+                                      "useRemovePadding": True, "lora": {"rank": 64, "alpha": 32}}
     lora = t.job.spec.model.lora
     assert (lora.rank, lora.alpha, lora.target_modules, lora.dropout, lora.adapter_path) == \
         (64, 32.0, ["all-linear"], 0.0, None)          # verl's target_modules default: all-linear

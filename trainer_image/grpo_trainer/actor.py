@@ -26,7 +26,9 @@ from grpo_trainer.algorithms import (KLController, LossNormalizer, compute_advan
 from grpo_trainer.algorithms.rollout_correction import (correction_metrics, rollout_is_weights,
                                                         rollout_rejection_mask)
 from grpo_trainer.batch import MicroBatch, Sample
+from grpo_trainer.attention import varlen_kwargs
 from grpo_trainer.critic import Critic
+from grpo_trainer.lm_head import fused_head
 from grpo_trainer.model import build_optimizer, build_policy, build_reference, num_parameters
 
 log = logging.getLogger("grpo.trainer")
@@ -37,10 +39,23 @@ def forward_logprobs(model, mb: MicroBatch, temperature: float, *, with_entropy:
     """Per-position logprob of the next token (and entropy), [b, L-1], at the sampling
     temperature as verl does (logits / T). The entropy is a metric unless `entropy_grad`.
     Logits are computed only from the first response position on (`logits_to_keep`): the
-    vocabulary projection and softmax of prompt positions would be thrown away. Earlier
+    vocabulary projection and softmax of prompt positions would be thrown away; with the fused
+    head (`grpo_trainer.lm_head`) only the responses' positions, never as logits. Other
     positions read 0 (the response mask excludes them everywhere)."""
+    if mb.packed is not None:
+        return _packed_logprobs(model, mb, temperature, with_entropy, entropy_grad)
     start = mb.response_start
     width = mb.input_ids.shape[1]
+    head = fused_head(model)
+    if head is not None:
+        # The head sees positions start..width-1; the last one predicts nothing.
+        select = F.pad(mb.predicts_response[:, start:], (0, 1))
+        with head.request(select, mb.targets[:, start:][mb.predicts_response[:, start:]], temperature,
+                          with_entropy=with_entropy, entropy_grad=entropy_grad and torch.is_grad_enabled()):
+            out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False,
+                        logits_to_keep=width - start).logits
+        out = F.pad(out[:, :-1], (0, 0, start, 0))
+        return out[..., 0], out[..., 1] if with_entropy else None
     logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False,
                    logits_to_keep=width - start).logits
     logits = logits[:, :-1]
@@ -52,6 +67,39 @@ def forward_logprobs(model, mb: MicroBatch, temperature: float, *, with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = F.pad(entropy_from_logits(logits if entropy_grad else logits.detach()), (start, 0))
     return logp, entropy
+
+
+def _packed_logprobs(model, mb: MicroBatch, temperature: float, with_entropy: bool, entropy_grad: bool):
+    """forward_logprobs on the micro-batch packed into one row (model.useRemovePadding): the
+    head sees only the positions that predict a response token, whose results go back into the
+    padded [b, L-1] layout of the losses."""
+    packed, (b, width) = mb.packed, mb.targets.shape
+    valid = packed.source >= 0
+    scored = torch.zeros_like(valid)
+    scored[valid] = mb.predicts_response.flatten()[packed.source[valid]]
+    where = scored.nonzero().squeeze(1)
+    dest, labels = packed.source[where], mb.targets.flatten()[packed.source[where]]
+    inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False, logits_to_keep=where,
+                  **varlen_kwargs(model, packed.cu_seqlens, packed.max_length))
+    head = fused_head(model)
+    entropy = None
+    if head is not None:
+        with head.request(torch.ones(1, len(where), dtype=torch.bool, device=where.device), labels, temperature,
+                          with_entropy=with_entropy, entropy_grad=entropy_grad and torch.is_grad_enabled()):
+            out = model(**inputs).logits[0]
+        logp, entropy = out[:, 0], out[:, 1] if with_entropy else None
+    else:
+        logits = model(**inputs).logits[0]
+        if temperature > 0:
+            logits = logits / temperature
+        logp = logprobs_from_logits(logits, labels)
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
+
+    def padded(values):
+        return None if values is None else values.new_zeros(b * width).index_put((dest,), values).view(b, width)
+    return padded(logp), padded(entropy)
 
 
 @torch.no_grad()
@@ -77,6 +125,7 @@ class Actor:
         self.model = build_policy(model_spec, device, compile=compile)
         algo = spec.algorithm
         self.lora = model_spec.lora is not None
+        self.pack = model_spec.use_remove_padding   # packed micro-batches (batch.Packed)
         # With LoRA the reference is the policy with its adapters off (`_reference`): no copy.
         self.uses_reference = algo.use_kl_loss or algo.use_kl_in_reward
         self.ref = (build_reference(model_spec, device, cpu_offload=spec.trainer.ref_cpu_offload, compile=compile)
@@ -211,11 +260,13 @@ class Actor:
     def _micro_batches(self, samples: list[Sample], max_count: int, max_tokens: int | None) -> list[list[MicroBatch]]:
         """This rank's share of every mini-batch, cut into micro-batches (by count or tokens)."""
         per_mini = self.spec.trainer.mini_batch_size * self.spec.rollout.n
+        pack = self.pack
         out = []
         for start in range(0, len(samples), per_mini):
             share = batching.rank_share(list(range(start, start + per_mini)), self.rank, self.world)
-            groups = batching.micro_batches(share, samples, max_count=max_count, max_tokens=max_tokens)
-            out.append([batching.collate(g, samples, None, self.pad_token_id, self.device) for g in groups])
+            groups = batching.micro_batches(share, samples, max_count=max_count, max_tokens=max_tokens, packed=pack)
+            out.append([batching.collate(g, samples, None, self.pad_token_id, self.device, pack=pack)
+                        for g in groups])
         return out
 
     def _logprobs(self, minibatches, off_policy: bool, timings: dict[str, float]) -> tuple[dict, dict | None]:

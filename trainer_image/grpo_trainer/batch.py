@@ -129,21 +129,35 @@ def rank_share(indices: list[int], rank: int, world: int) -> list[int]:
 
 
 def micro_batches(indices: list[int], samples: list[Sample], *, max_count: int,
-                  max_tokens: int | None) -> list[list[int]]:
-    """Group samples, longest first, so each micro-batch's padded size (count x longest) stays
-    within `max_tokens` (or its count within `max_count` when there's no token budget)."""
+                  max_tokens: int | None, packed: bool = False) -> list[list[int]]:
+    """Group samples, longest first, so each micro-batch's padded size (count x longest), or
+    `packed` its tokens, stays within `max_tokens` (or its count within `max_count` when there's
+    no token budget)."""
     order = sorted(indices, key=lambda i: -samples[i].length)
     groups: list[list[int]] = []
+    size = 0
     for i in order:
         if groups:
             g = groups[-1]
-            longest = samples[g[0]].length
-            fits = (len(g) + 1) * longest <= max_tokens if max_tokens else len(g) < max_count
-            if fits:
+            size = size + samples[i].length if packed else (len(g) + 1) * samples[g[0]].length
+            if size <= max_tokens if max_tokens else len(g) < max_count:
                 g.append(i)
                 continue
         groups.append([i])
+        size = samples[i].length
     return groups
+
+
+@dataclass
+class Packed:
+    """A micro-batch's samples as one row without padding (model.useRemovePadding): each with its
+    own positions from 0, from which transformers masks attention to each sample alone."""
+    input_ids: torch.Tensor      # [1, n]
+    position_ids: torch.Tensor   # [1, n]
+    source: torch.Tensor         # [n]: where position j's prediction goes in the padded [b, L-1]
+    #                               tensors, flattened (row x (L-1) + t); -1 for a sample's last token
+    cu_seqlens: torch.Tensor     # [b + 1] int32: where each sample starts, and n (varlen attention)
+    max_length: int              # the longest sample
 
 
 @dataclass
@@ -156,9 +170,11 @@ class MicroBatch:
     advantages: torch.Tensor      # [b, L-1]
     behaviour_logprobs: torch.Tensor  # [b, L-1]: the rollout engine's logprob of each response token
     response_start: int = 0       # first position that predicts a response token, over all rows
+    predicts_response: torch.Tensor | None = None   # [b, L-1] bool: the positions of the responses' spans
     returns: torch.Tensor | None = None      # [b, L-1], PPO: the critic's targets
     old_values: torch.Tensor | None = None   # [b, L-1], PPO: the critic's values before its update
     is_weights: torch.Tensor | None = None   # [b, L-1], rollout correction's importance weights
+    packed: Packed | None = None  # the model's input without padding; its outputs go back to [b, L-1]
 
     @property
     def num_tokens(self) -> int:
@@ -196,8 +212,10 @@ def gather_response_values(micro_batches: list[MicroBatch], per_mb: list[torch.T
 
 
 def collate(indices: list[int], samples: list[Sample], advantages: list[torch.Tensor] | None, pad_id: int,
-            device: torch.device) -> MicroBatch:
-    """`advantages`: per sample, by index; None leaves them 0 (set later: set_response_values)."""
+            device: torch.device, *, pack: bool = False) -> MicroBatch:
+    """`advantages`: per sample, by index; None leaves them 0 (set later: set_response_values).
+    The losses' tensors are [b, L-1] (padded) either way; `pack` adds the model's input as one
+    row without padding (`Packed`)."""
     width = max(samples[i].length for i in indices)
     b = len(indices)
     input_ids = torch.full((b, width), pad_id, dtype=torch.long)
@@ -205,6 +223,7 @@ def collate(indices: list[int], samples: list[Sample], advantages: list[torch.Te
     resp_mask = torch.zeros(b, width - 1)
     adv = torch.zeros(b, width - 1)
     behaviour = torch.zeros(b, width - 1)
+    span = torch.zeros(b, width - 1, dtype=torch.bool)
     for row, i in enumerate(indices):
         s = samples[i]
         p, r = len(s.prompt_ids), len(s.response_ids)
@@ -214,9 +233,24 @@ def collate(indices: list[int], samples: list[Sample], advantages: list[torch.Te
         input_ids[row, :p + r] = torch.tensor(s.prompt_ids + s.response_ids)
         attention[row, :p + r] = 1
         resp_mask[row, p - 1:p - 1 + r] = s.mask()
+        span[row, p - 1:p - 1 + r] = True
         if advantages is not None:
             adv[row, p - 1:p - 1 + r] = advantages[i]
         behaviour[row, p - 1:p - 1 + r] = torch.tensor(s.behaviour_logprobs)
     start = min(len(samples[i].prompt_ids) for i in indices) - 1
     return MicroBatch(indices, input_ids.to(device), attention.to(device), input_ids[:, 1:].to(device),
-                      resp_mask.to(device), adv.to(device), behaviour.to(device), response_start=start)
+                      resp_mask.to(device), adv.to(device), behaviour.to(device), response_start=start,
+                      predicts_response=span.to(device),
+                      packed=_pack(input_ids, attention, device) if pack else None)
+
+
+def _pack(input_ids: torch.Tensor, attention: torch.Tensor, device: torch.device) -> Packed:
+    lengths = attention.sum(dim=1).tolist()
+    width = input_ids.shape[1]
+    keep = attention.bool()
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    rows = torch.cat([torch.full((n,), row) for row, n in enumerate(lengths)])
+    source = torch.where(positions < torch.tensor(lengths)[rows] - 1, rows * (width - 1) + positions, -1)
+    cu_seqlens = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
+    return Packed(input_ids[keep].unsqueeze(0).to(device), positions.unsqueeze(0).to(device), source.to(device),
+                  cu_seqlens.to(device), max(lengths))

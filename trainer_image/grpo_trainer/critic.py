@@ -19,6 +19,7 @@ import torch.distributed as dist
 from grpo_api.spec import GRPOJobSpec, ModelSpec
 from grpo_trainer import batch as batching
 from grpo_trainer.algorithms import LossNormalizer, compute_gae_advantage_return, masked_mean, value_loss
+from grpo_trainer.attention import varlen_kwargs
 from grpo_trainer.batch import MicroBatch, Sample
 from grpo_trainer.model import build_critic, build_optimizer, num_parameters
 
@@ -27,6 +28,12 @@ log = logging.getLogger("grpo.trainer")
 
 def forward_values(model, mb: MicroBatch) -> torch.Tensor:
     """[b, L-1]: position t's value is the state's before token t+1 (as the log-probs are aligned)."""
+    if mb.packed is not None:    # one row without padding: the values go back to [b, L-1]
+        packed, (b, width) = mb.packed, mb.targets.shape
+        values = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
+                       **varlen_kwargs(model, packed.cu_seqlens, packed.max_length)).logits[0, :, 0]
+        valid = packed.source >= 0
+        return values.float().new_zeros(b * width).index_put((packed.source[valid],), values[valid].float()).view(b, width)
     values = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
     return values.squeeze(-1)[:, :-1].float()
 

@@ -22,6 +22,8 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 
 from grpo_api.spec import CriticSpec, ModelSpec, TrainerSpec
 from grpo_api.storage import check_local_model_path
+from grpo_trainer.attention import attn_implementation
+from grpo_trainer.lm_head import install_fused_head
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -144,7 +146,7 @@ def _load_sharded(spec: ModelSpec, device: torch.device, *, dtype: torch.dtype, 
     auto = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
     with _parameters_on_meta():
         model = auto.from_config(config, dtype=dtype, trust_remote_code=spec.trust_remote_code,
-                                 attn_implementation="sdpa")
+                                 attn_implementation=attn_implementation(device, spec.use_remove_padding))
     prepare(model)
     if wrap is not None:
         model = wrap(model)
@@ -170,6 +172,8 @@ def build_policy(spec: ModelSpec, device: torch.device, *, compile: bool = False
         model.config.use_cache = False
         if spec.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if spec.use_fused_kernels:
+            install_fused_head(model)
     wrap, dtype = None, torch.float32
     if spec.lora is not None:   # adapters on the frozen model (grpo_trainer.lora)
         from grpo_trainer.lora import add_adapters
@@ -211,6 +215,8 @@ def build_reference(spec: ModelSpec, device: torch.device, *, cpu_offload: bool,
     def prepare(model):
         model.config.use_cache = False
         model.requires_grad_(False).eval()
+        if spec.use_fused_kernels:
+            install_fused_head(model)
 
     def shard(model):
         return apply_fsdp(model, compute_dtype=_DTYPES[spec.dtype.value], on_gpu=on_gpu, cpu_offload=cpu_offload)

@@ -10,7 +10,8 @@ Names and formulas follow verl's ``verl/trainer/ppo/core_algos.py``, one concept
 - ``aggregation``: ``aggregate_loss`` and ``LossNormalizer`` (exact gradient accumulation).
 - ``kl``: ``kl_penalty`` (k1, abs, k2, k3 and their ``+`` straight-through variants) and the
   ``KLController`` of a KL penalty in the reward (fixed, adaptive).
-- ``logprobs``: chunked ``logprobs_from_logits`` / ``entropy_from_logits``.
+- ``logprobs``: chunked ``logprobs_from_logits`` / ``entropy_from_logits``, and
+  ``fused_linear_logprobs`` from the LM head's input without the logits.
 
 DAPO's dynamic sampling is the rollout source's (``RolloutSource._keep_informative_groups``) and its overlong
 shaping is scored with the reward on the rollout servers (``grpo_rollout.rewards.overlong``).
@@ -20,7 +21,7 @@ from .advantages import compute_advantages, compute_gae_advantage_return
 from .aggregation import LOSS_AGG_MODES, LossNormalizer, aggregate_loss, loss_denominator, loss_numerator
 from .groups import Groups
 from .kl import KL_TYPES, KLController, kl_penalty
-from .logprobs import entropy_from_logits, logprobs_from_logits
+from .logprobs import entropy_from_logits, fused_linear_logprobs, logprobs_from_logits
 from .losses import policy_loss, value_loss
 from .masked import masked_mean, masked_sum, masked_var, masked_whiten
 from .registry import (
@@ -46,6 +47,7 @@ __all__ = [
     "compute_advantages",
     "compute_gae_advantage_return",
     "entropy_from_logits",
+    "fused_linear_logprobs",
     "get_adv_estimator_fn",
     "get_policy_loss_fn",
     "kl_penalty",

@@ -124,3 +124,76 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SI
     """
     flat_logits = logits.reshape(-1, logits.shape[-1])
     return _EntropyFromLogits.apply(flat_logits, chunk_size).view(logits.shape[:-1])
+
+
+class _FusedLinearLogprobs(torch.autograd.Function):
+    """Log-prob of the target and entropy of ``softmax(hidden @ weight.T / T)``, chunk by chunk.
+
+    Saves the hidden states, the weight and two float32 numbers per token; backward recomputes
+    each chunk's logits and writes grad_hidden and a float32 grad_weight accumulator, so no
+    ``[tokens, vocab]`` tensor exists in either pass (Liger's fused linear cross-entropy)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, temperature: float, with_entropy: bool, chunk_size: int):
+        dtype = _compute_dtype(hidden)
+        n = hidden.shape[0]
+        logp = torch.empty(n, dtype=dtype, device=hidden.device)
+        lse = torch.empty(n, dtype=dtype, device=hidden.device)
+        entropy = torch.empty(n, dtype=dtype, device=hidden.device) if with_entropy else None
+        for start in _chunks(n, chunk_size):
+            rows = slice(start, start + chunk_size)
+            x = (hidden[rows] @ weight.t()).to(dtype) / temperature
+            lse[rows] = torch.logsumexp(x, dim=-1)
+            x = x - lse[rows].unsqueeze(-1)      # log_softmax
+            logp[rows] = x.gather(-1, labels[rows].unsqueeze(-1)).squeeze(-1)
+            if with_entropy:
+                entropy[rows] = -(x.exp() * x).sum(dim=-1)
+        ctx.save_for_backward(hidden, weight, labels, lse, entropy)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        ctx.set_materialize_grads(False)
+        return logp, entropy
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden, weight, labels, lse, entropy = ctx.saved_tensors
+        need_hidden, need_weight = ctx.needs_input_grad[:2]
+        grad_hidden = torch.zeros_like(hidden) if need_hidden else None
+        # float32 over the chunks: a bf16 accumulator would round once per chunk.
+        grad_weight = torch.zeros_like(weight, dtype=lse.dtype) if need_weight else None
+        if grad_logp is None and grad_entropy is None or not (need_hidden or need_weight):
+            return grad_hidden, grad_weight, None, None, None, None
+        for start in _chunks(hidden.shape[0], ctx.chunk_size):
+            rows = slice(start, start + ctx.chunk_size)
+            logp = (hidden[rows] @ weight.t()).to(lse.dtype) / ctx.temperature - lse[rows].unsqueeze(-1)
+            probs = logp.exp()
+            grad = torch.zeros_like(logp)
+            if grad_entropy is not None:     # d H / d x = -p (log p + H)
+                grad -= probs * (logp + entropy[rows].unsqueeze(-1)) * grad_entropy[rows].to(lse.dtype).unsqueeze(-1)
+            if grad_logp is not None:        # d logp_y / d x = onehot(y) - p
+                g = grad_logp[rows].to(lse.dtype).unsqueeze(-1)
+                grad -= probs * g
+                grad.scatter_add_(-1, labels[rows].unsqueeze(-1), g)
+            grad = (grad / ctx.temperature).to(hidden.dtype)   # through x = logits / T
+            if need_hidden:
+                grad_hidden[rows] = grad @ weight
+            if need_weight:
+                grad_weight += (grad.t() @ hidden[rows]).to(grad_weight.dtype)
+        return (grad_hidden, grad_weight.to(weight.dtype) if need_weight else None, None, None, None, None)
+
+
+def fused_linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
+                          temperature: float = 1.0, with_entropy: bool = False,
+                          chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The log-prob of ``labels`` and (with ``with_entropy``) the entropy under
+    ``softmax(hidden @ weight.T / temperature)``, never building the ``[tokens, vocab]`` logits:
+    hidden ``[n, H]``, weight ``[V, H]`` (an LM head), labels ``[n]``. Float32 math (float64 for
+    float64 inputs), the logits in the inputs' dtype as the LM head computes them. Differentiable
+    in hidden and weight, through both outputs (once). Temperature 0 (greedy) reads as 1."""
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"hidden [n, H] and weight [V, H] expected (got {tuple(hidden.shape)} and "
+                         f"{tuple(weight.shape)})")
+    if labels.shape != hidden.shape[:1]:
+        raise ValueError(f"labels shape {tuple(labels.shape)} must be ({hidden.shape[0]},)")
+    return _FusedLinearLogprobs.apply(hidden, weight.to(hidden.dtype), labels.to(torch.long),
+                                      float(temperature) if temperature > 0 else 1.0, with_entropy, chunk_size)

@@ -1,0 +1,58 @@
+"""Attention of packed micro-batches on GPU (model.useRemovePadding): each sample attends to
+itself alone through flash attention's varlen kernel (`torch.nn.attention.varlen.varlen_attn`),
+where sdpa would compute the whole row against itself under a block-diagonal mask.
+
+`VARLEN` is a transformers attention implementation: a forward given the samples' boundaries
+(`cu_seq_lens_q` and `max_length_q`, the flash-attention kwargs transformers passes down to
+every attention layer) runs varlen_attn; any other forward (padded rows) is sdpa, mask and all.
+On CPU, or a torch without the varlen kernel, models keep sdpa, which honours the packed
+positions through its block-diagonal mask (transformers' masking_utils): the same numbers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+VARLEN = "grpo_varlen"
+
+
+def varlen_available(device: torch.device) -> bool:
+    return device.type == "cuda" and importlib.util.find_spec("torch.nn.attention.varlen") is not None
+
+
+def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
+               **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    from torch.nn.attention.varlen import varlen_attn
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))    # [1, heads, n, d] -> [n, heads, d]
+    n = kwargs["max_length_q"]
+    out = varlen_attn(q, k, v, cu, cu, n, n, scale=scaling, window_size=(-1, 0),   # (-1, 0): causal
+                      enable_gqa=q.shape[1] != k.shape[1])
+    return out.unsqueeze(0), None      # [1, n, heads, d], as transformers' attention functions return
+
+
+def attn_implementation(device: torch.device, packed: bool) -> str:
+    """The model's attention: VARLEN (registered with transformers here) for packed rows on a GPU
+    with the kernel, else sdpa."""
+    if not (packed and varlen_available(device)):
+        return "sdpa"
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    AttentionInterface.register(VARLEN, _attention)
+    AttentionMaskInterface.register(VARLEN, sdpa_mask)
+    return VARLEN
+
+
+def varlen_kwargs(model, cu_seqlens: torch.Tensor, max_length: int) -> dict:
+    """What a forward of `model` on a packed row passes down to VARLEN: the samples' boundaries
+    (int32 [samples + 1]) and the longest; nothing for other attention implementations."""
+    if getattr(model.config, "_attn_implementation", None) != VARLEN:
+        return {}
+    return {"cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens, "max_length_q": max_length,
+            "max_length_k": max_length}

@@ -1,0 +1,83 @@
+"""The LM head that can return log-probs and entropies instead of logits (spec.model.useFusedKernels).
+
+`model(...).logits` is a ``[tokens, vocab]`` tensor (151,936 columns for Qwen3) and its gradient
+another. `install_fused_head` turns the model's output projection (a plain `nn.Linear`) into a
+`FusedLMHead`: an `nn.Linear` still (same parameter, so tied embeddings, state dicts, PEFT's
+"all-linear" and the weight sync see no change), which while a `request` is open computes
+`fused_linear_logprobs` of the positions asked for instead of the logits.
+
+Why inside the model's forward rather than on its hidden states afterwards: FSDP2 gathers the root
+module's parameters (embeddings, norm, head) in its forward hooks, so only there is the head's
+weight whole, and the output's backward hooks gather it again for the gradient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from grpo_trainer.algorithms import fused_linear_logprobs
+
+
+@dataclass
+class _Request:
+    select: torch.Tensor    # [b, k] bool: the positions (of the head's input) to score
+    labels: torch.Tensor    # [select.sum()]: each one's next token
+    temperature: float
+    with_entropy: bool
+    entropy_grad: bool
+
+
+class FusedLMHead(torch.nn.Linear):
+    """Without a request, the plain linear layer. With one (`request`), ``forward`` returns
+    ``[b, k, 1 or 2]`` float32: the log-prob of each selected position's label (and its entropy),
+    0 at positions not selected."""
+
+    _request: _Request | None = None
+
+    @contextlib.contextmanager
+    def request(self, select: torch.Tensor, labels: torch.Tensor, temperature: float, *,
+                with_entropy: bool = False, entropy_grad: bool = False):
+        self._request = _Request(select, labels, temperature, with_entropy, entropy_grad)
+        try:
+            yield
+        finally:
+            self._request = None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        req = self._request
+        if req is None:
+            return super().forward(hidden)
+        if self.bias is not None:
+            raise ValueError("spec.model.useFusedKernels: the LM head has a bias; set useFusedKernels: false")
+        if req.select.shape != hidden.shape[:-1]:
+            raise ValueError(f"positions to score {tuple(req.select.shape)} do not match the head's input "
+                             f"{tuple(hidden.shape[:-1])}")
+        logp, entropy = fused_linear_logprobs(hidden[req.select], self.weight, req.labels,
+                                              temperature=req.temperature, with_entropy=req.with_entropy)
+        if entropy is not None and not req.entropy_grad:
+            entropy = entropy.detach()
+        values = logp.unsqueeze(-1) if entropy is None else torch.stack([logp, entropy], dim=-1)
+        out = values.new_zeros(*hidden.shape[:-1], values.shape[-1])
+        out[req.select] = values
+        return out
+
+
+def install_fused_head(model) -> None:
+    """Make `model`'s output projection a `FusedLMHead` (before FSDP2 and PEFT wrap it): a class
+    swap, so the parameter (tied to the input embeddings or not) stays the very same one."""
+    head = model.get_output_embeddings()
+    if type(head) is not torch.nn.Linear:
+        raise ValueError(f"spec.model.useFusedKernels: the model's LM head is a {type(head).__name__}, not a "
+                         f"plain linear layer; set useFusedKernels: false")
+    head.__class__ = FusedLMHead
+
+
+def fused_head(model) -> FusedLMHead | None:
+    """`model`'s FusedLMHead, or None (not installed, or the head is wrapped, e.g. by a LoRA adapter)."""
+    if hasattr(model, "get_base_model"):   # a PEFT (LoRA) wrapper
+        model = model.get_base_model()
+    head = model.get_output_embeddings()
+    return head if isinstance(head, FusedLMHead) else None
