@@ -16,6 +16,7 @@ from grpo_trainer import model as M
 from grpo_trainer.actor import forward_logprobs
 from grpo_trainer.batch import Sample, collate
 from grpo_trainer.critic import forward_values
+from grpo_trainer.lm_head import fused_head
 
 T = 0.7
 CPU = torch.device("cpu")
@@ -114,6 +115,7 @@ def main() -> None:
     spec = ModelSpec.model_validate({"path": untied, "lora": {"rank": 4, "alpha": 8}})
     torch.manual_seed(0)      # the same new adapters (A from torch's RNG) in both
     lora_fused = M.build_policy(spec, CPU)
+    assert fused_head(lora_fused) is not None       # PEFT's all-linear leaves the LM head alone
     torch.manual_seed(0)
     lora_plain = M.build_policy(spec.model_copy(update={"use_fused_kernels": False}), CPU)
     # B starts at 0: move it so that the adapters change the log-probs and every gradient shows.

@@ -30,7 +30,8 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     from torch.nn.attention.varlen import varlen_attn
-    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))    # [1, heads, n, d] -> [n, heads, d]
+    # [1, heads, n, d] -> [n, heads, d]: usually a view already (no copy)
+    q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
     n = kwargs["max_length_q"]
     out = varlen_attn(q, k, v, cu, cu, n, n, scale=scaling, window_size=(-1, 0),   # (-1, 0): causal
                       enable_gqa=q.shape[1] != k.shape[1])
