@@ -270,8 +270,10 @@ def set_lm_head(model, fused: bool) -> None:
 
 
 def model_attention(spec, dev) -> str:
+    import torch
+
     from grpo_trainer.attention import attn_implementation
-    return attn_implementation(dev, spec.model.use_remove_padding)
+    return attn_implementation(dev, spec.model.use_remove_padding, getattr(torch, spec.model.dtype.value))
 
 
 def packed_check(model, group, samples, adv, dev, temperature: float) -> float:
@@ -313,7 +315,8 @@ def cmd_train(args) -> None:
     w = workload(args)
     # With packed rows the models get model.useRemovePadding's attention (varlen on a GPU; padded
     # rows then run sdpa as before).
-    job = load_bench_job(args, **({"spec.model.useRemovePadding": "true"} if "packed" in args.layouts else {}))
+    sets = dict(kv.split("=", 1) for kv in args.set)      # --set KEY=VALUE: e.g. model.dtype on a tiny run
+    job = load_bench_job(args, **({"spec.model.useRemovePadding": "true"} if "packed" in args.layouts else {}), **sets)
     spec = job.spec
     config = AutoConfig.from_pretrained(spec.model.path)
     log(f"attention: {model_attention(spec, dev)}")
@@ -337,7 +340,7 @@ def cmd_train(args) -> None:
         for m in (model, ref):
             set_lm_head(m, head == "fused")
         packed = layout == "packed"
-        spec_k = load_bench_job(args, **{"spec.trainer.maxTokensPerGPU": max_tokens}).spec
+        spec_k = load_bench_job(args, **{"spec.trainer.maxTokensPerGPU": max_tokens}, **sets).spec
         groups = batching.micro_batches(list(range(len(samples))), samples, packed=packed,
                                         max_count=spec_k.trainer.micro_batch_size_per_gpu, max_tokens=max_tokens)
         mbs = [batching.collate(g, samples, adv, 0, dev, pack=packed) for g in groups]
@@ -780,7 +783,7 @@ def main(argv=None) -> int:
     p.add_argument("--weight-sync", default="nccl", choices=["nccl", "grpc"],
                    help="step: spec.weightSync.backend (nccl: cuda_ipc when co-located)")
     p.add_argument("--no-compile", action="store_true", help="step: trainer.useTorchCompile false")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="step: a job override")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="step, train: a job override")
     p.add_argument("--label", default="", help="step: names the variant in the results")
     p.add_argument("--shape", default="1.7b", choices=["1.7b", "8b"], help="build: the model's shape")
     p.add_argument("--max-staleness", type=int, default=0, help="step: rollout.maxStaleness (1: overlap)")

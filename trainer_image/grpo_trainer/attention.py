@@ -5,7 +5,7 @@ where sdpa would compute the whole row against itself under a block-diagonal mas
 `VARLEN` is a transformers attention implementation: a forward given the samples' boundaries
 (`cu_seq_lens_q` and `max_length_q`, the flash-attention kwargs transformers passes down to
 every attention layer) runs varlen_attn; any other forward (padded rows) is sdpa, mask and all.
-On CPU, or a torch without the varlen kernel, models keep sdpa, which honours the packed
+On CPU, in float32, or with a torch without the varlen kernel, models keep sdpa, which honours the packed
 positions through its block-diagonal mask (transformers' masking_utils): the same numbers.
 """
 
@@ -38,10 +38,10 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     return out.unsqueeze(0), None      # [1, n, heads, d], as transformers' attention functions return
 
 
-def attn_implementation(device: torch.device, packed: bool) -> str:
+def attn_implementation(device: torch.device, packed: bool, dtype: torch.dtype) -> str:
     """The model's attention: VARLEN (registered with transformers here) for packed rows on a GPU
-    with the kernel, else sdpa."""
-    if not (packed and varlen_available(device)):
+    with the kernel, computing in bf16 or fp16 (flash attention's), else sdpa."""
+    if not (packed and varlen_available(device) and dtype in (torch.bfloat16, torch.float16)):
         return "sdpa"
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask

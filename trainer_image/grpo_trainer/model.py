@@ -146,7 +146,8 @@ def _load_sharded(spec: ModelSpec, device: torch.device, *, dtype: torch.dtype, 
     auto = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
     with _parameters_on_meta():
         model = auto.from_config(config, dtype=dtype, trust_remote_code=spec.trust_remote_code,
-                                 attn_implementation=attn_implementation(device, spec.use_remove_padding))
+                                 attn_implementation=attn_implementation(device, spec.use_remove_padding,
+                                                                         _DTYPES[spec.dtype.value]))
     prepare(model)
     if wrap is not None:
         model = wrap(model)
