@@ -36,7 +36,10 @@ def model_with_tool_tokenizer(model_dir: Path, out: Path) -> Path:
         if "tokenizer" not in f.name and f.name != "special_tokens_map.json" and not (out / f.name).exists():
             os.symlink(f.resolve(), out / f.name)
     tok = tiny.build_tokenizer(words=tool_task.WORDS)
-    tok.add_tokens([AddedToken(tool_task.CALL_TOKEN, special=False, normalized=False, single_word=False)])
+    # The call as one token (tool_task's), and Qwen3's own single tokens for the tags, so that the
+    # agent loop's stop `</tool_call>` is one token, as with a real Qwen3 tokenizer.
+    tok.add_tokens([AddedToken(t, special=False, normalized=False, single_word=False)
+                    for t in (tool_task.CALL_TOKEN, "<tool_call>", "</tool_call>")])
     tok.model_max_length = 4096
     tok.save_pretrained(out)
     cfg_path = out / "tokenizer_config.json"
@@ -49,7 +52,8 @@ def model_with_tool_tokenizer(model_dir: Path, out: Path) -> Path:
 class ScriptedCallEngine:
     """Bench-only: the real engine, with a tool call appended to each of the first `turns - 1`
     turns (a random-weight model never writes one). Stop strings are passed on (vLLM then
-    detokenizes as it does in a real multi-turn job) unless `keep_stops` is False."""
+    detokenizes as it does in a real multi-turn job, unless the stop is one token: grpo_rollout.vllm_engine's
+    single_token_stops) unless `keep_stops` is False."""
 
     def __init__(self, engine, call_id: int, turn_tokens: int, turns: int, keep_stops: bool):
         self.engine, self.call_id, self.turn_tokens, self.turns = engine, call_id, turn_tokens, turns

@@ -64,22 +64,41 @@ def llm_kwargs(model_path: str, *, dtype: str, seed: int, tokenizer_path: str | 
     return kwargs
 
 
-def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
+def single_token_stops(tokenizer: Any, stops: tuple[str, ...]) -> tuple[list[int], list[str]]:
+    """Stop strings that are one token of the vocabulary (Qwen3's `</tool_call>`, `</answer>` in many
+    templates) as token ids, the rest as strings. vLLM has to detokenize every response to find
+    a stop string, which cost 6 s of 13 in the agent loop's 256 x 4 turns on an H200
+    (bench/RESULTS.md); a stop token id is checked on the sampled id. The response's ids are
+    the same either way: both end with the stop's token."""
+    ids, strings = [], []
+    for stop in stops:
+        encoded = tokenizer.encode(stop, add_special_tokens=False) if tokenizer is not None else []
+        if len(encoded) == 1 and tokenizer.decode(encoded, skip_special_tokens=False) == stop:
+            ids.append(encoded[0])
+        else:
+            strings.append(stop)
+    return ids, strings
+
+
+def sampling_kwargs(params: SamplingParams, tokenizer: Any = None) -> dict[str, Any]:
     """vllm.SamplingParams arguments (the same for every prompt). No per-request seed: vLLM samples a seeded
     request with its own generator, one kernel per sequence and decode step, which cost 2.4 s of
     7.0 for 256 x 512 tokens on an H200 (bench/RESULTS.md). The engine's seed (LLM(seed=...),
     rollout.seed) makes a server's sequence of samples reproducible instead; `params.seed`
-    (the per-shard seed the server derives) is honoured by the hf engine only."""
+    (the per-shard seed the server derives) is honoured by the hf engine only. With `tokenizer`,
+    single-token stop strings become stop token ids (`single_token_stops`)."""
+    stop_ids, stops = single_token_stops(tokenizer, tuple(params.stop))
     return dict(
         n=params.n,
         max_tokens=params.max_tokens,
         temperature=params.temperature,
         top_p=params.top_p,
         top_k=0 if params.top_k in (-1, 0) else params.top_k,
-        stop=list(params.stop) or None,
+        stop=stops or None,
+        stop_token_ids=stop_ids or None,
         logprobs=0,  # the sampled token's own logprob, no alternatives
         skip_special_tokens=True,
-        detokenize=bool(params.stop),  # text is decoded for the rewards anyway; stop strings need it here
+        detokenize=bool(stops),  # text is decoded for the rewards anyway; stop strings need it here
     )
 
 
@@ -206,7 +225,7 @@ class VLLMEngine(Engine):
         from vllm.inputs import TokensPrompt
 
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
-        sampling = VSamplingParams(**sampling_kwargs(params))
+        sampling = VSamplingParams(**sampling_kwargs(params, self._tokenizer))
         outputs = self._llm.generate(prompts, sampling, use_tqdm=False)
         return [samples_from_output(o) for o in outputs]
 

@@ -37,7 +37,7 @@ def test_sampling_parameters_map_to_vllm():
     params = SamplingParams(n=4, max_tokens=256, temperature=0.8, top_p=0.95, top_k=-1, seed=100, stop=("</answer>",))
     first = sampling_kwargs(params)
     assert first == dict(n=4, max_tokens=256, temperature=0.8, top_p=0.95, top_k=0, stop=["</answer>"],
-                         logprobs=0, skip_special_tokens=True, detokenize=True)
+                         stop_token_ids=None, logprobs=0, skip_special_tokens=True, detokenize=True)
     # No per-request seed: vLLM's per-request generators cost a third of the generation time.
     assert "seed" not in first
     assert sampling_kwargs(SamplingParams(top_k=20))["top_k"] == 20
@@ -45,6 +45,23 @@ def test_sampling_parameters_map_to_vllm():
     assert unseeded["stop"] is None
     # Rewards decode the tokens themselves: vLLM detokenizes only for stop strings.
     assert unseeded["detokenize"] is False
+
+
+def test_single_token_stop_strings_become_stop_token_ids_so_vllm_need_not_detokenize():
+    from tokenizers import AddedToken
+
+    from grpo_rollout.tiny import build_tokenizer
+    tok = build_tokenizer()
+    tok.add_tokens([AddedToken("</tool_call>", special=False, normalized=False)])
+    close = tok.convert_tokens_to_ids("</tool_call>")
+    # Qwen3's </tool_call> is one token: checked on the sampled id, no detokenizing.
+    kw = sampling_kwargs(SamplingParams(stop=("</tool_call>",)), tok)
+    assert (kw["stop"], kw["stop_token_ids"], kw["detokenize"]) == (None, [close], False)
+    # A stop that takes several tokens ("copy the") stays a string, and vLLM detokenizes for it.
+    kw = sampling_kwargs(SamplingParams(stop=("</tool_call>", "copy the")), tok)
+    assert (kw["stop"], kw["stop_token_ids"], kw["detokenize"]) == (["copy the"], [close], True)
+    # Without a tokenizer every stop is a string.
+    assert sampling_kwargs(SamplingParams(stop=("</tool_call>",)))["stop"] == ["</tool_call>"]
 
 
 def test_outputs_become_samples_in_index_order():
