@@ -194,3 +194,30 @@ def test_fused_head_refuses_mismatched_shapes():
         fused_linear_logprobs(h, w, labels[:-1])
     with pytest.raises(ValueError, match="weight"):
         fused_linear_logprobs(h, w[:, :-1], labels)
+
+
+def test_fused_lm_head_module_is_the_linear_layer_until_asked_for_logprobs():
+    """grpo_trainer.lm_head on a tiny tied Qwen3 (no FSDP): the class swap keeps the tied weight
+    and the logits; a request returns the log-probs and entropies of those logits at the selected
+    positions (0 elsewhere); a head with a bias is left alone."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from grpo_trainer.lm_head import fused_head, install_fused_head
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=8, vocab_size=50,
+                                         tie_word_embeddings=True))
+    ids = torch.randint(0, 50, (2, 6))
+    logits = model(input_ids=ids).logits
+    assert install_fused_head(model) and fused_head(model) is model.lm_head
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    torch.testing.assert_close(model(input_ids=ids).logits, logits, rtol=0, atol=0)
+    select = torch.tensor([[True, True, False, True, False, False], [False, True, True, True, True, False]])
+    labels = torch.randint(0, 50, (int(select.sum()),))
+    with model.lm_head.request(select, labels, 0.5, with_entropy=True):
+        out = model(input_ids=ids).logits
+    assert out.shape == (2, 6, 2) and (out[~select] == 0).all()
+    torch.testing.assert_close(out[select][:, 0], plain_logprobs(logits[select] / 0.5, labels), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[select][:, 1], plain_entropy(logits[select] / 0.5), rtol=1e-5, atol=1e-5)
+    model.lm_head = torch.nn.Linear(16, 50, bias=True)
+    assert not install_fused_head(model) and fused_head(model) is None

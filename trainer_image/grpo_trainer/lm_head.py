@@ -14,11 +14,14 @@ weight whole, and the output's backward hooks gather it again for the gradient.
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from grpo_trainer.algorithms import fused_linear_logprobs
+
+log = logging.getLogger("grpo.trainer")
 
 
 @dataclass
@@ -50,8 +53,6 @@ class FusedLMHead(torch.nn.Linear):
         req = self._request
         if req is None:
             return super().forward(hidden)
-        if self.bias is not None:
-            raise ValueError("spec.model.useFusedKernels: the LM head has a bias; set useFusedKernels: false")
         if req.select.shape != hidden.shape[:-1]:
             raise ValueError(f"positions to score {tuple(req.select.shape)} do not match the head's input "
                              f"{tuple(hidden.shape[:-1])}")
@@ -65,14 +66,17 @@ class FusedLMHead(torch.nn.Linear):
         return out
 
 
-def install_fused_head(model) -> None:
+def install_fused_head(model) -> bool:
     """Make `model`'s output projection a `FusedLMHead` (before FSDP2 and PEFT wrap it): a class
-    swap, so the parameter (tied to the input embeddings or not) stays the very same one."""
+    swap, so the parameter (tied to the input embeddings or not) stays the very same one. A head
+    that is not a plain bias-free linear layer is left as it is (the logits path): False."""
     head = model.get_output_embeddings()
-    if type(head) is not torch.nn.Linear:
-        raise ValueError(f"spec.model.useFusedKernels: the model's LM head is a {type(head).__name__}, not a "
-                         f"plain linear layer; set useFusedKernels: false")
+    if type(head) is not torch.nn.Linear or head.bias is not None:
+        log.warning("spec.model.useFusedKernels: the LM head of %s is not a bias-free linear layer; "
+                    "log-probs come from its logits", type(model).__name__)
+        return False
     head.__class__ = FusedLMHead
+    return True
 
 
 def fused_head(model) -> FusedLMHead | None:
