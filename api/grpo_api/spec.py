@@ -85,7 +85,7 @@ class ModelSpec(_Model):
     use_fused_kernels: bool = True
     """Compute the policy's and reference's log-probs and entropies chunk by chunk from the LM head's input, forward and backward, never the [tokens x vocab] logits (Liger's fused linear cross-entropy; verl: actor_rollout_ref.model.use_fused_kernels). Same numbers to float32 rounding, several GB less memory per micro-batch; false: the logits path."""
     use_remove_padding: bool = False
-    """Pack each micro-batch's samples into one row without padding, each with its own positions from 0, for the policy, the reference and the critic (verl: actor_rollout_ref.model.use_remove_padding); transformers then lets each sample attend only to itself (a block-diagonal causal mask with sdpa). With maxTokensPerGPU the budget counts the samples' tokens, not count x longest. Same numbers as padded rows to float32 rounding."""
+    """Pack each micro-batch's samples into one row without padding, each with its own positions from 0, for the policy, the reference and the critic (verl: actor_rollout_ref.model.use_remove_padding); each sample attends only to itself (on a GPU in bf16/fp16 through flash attention's varlen kernel, torch.nn.attention.varlen; elsewhere through sdpa with transformers' block-diagonal causal mask, which computes the whole row). With maxTokensPerGPU the budget counts the samples' tokens, not count x longest. Same numbers as padded rows to float32 rounding."""
     lora: LoRASpec | None = None
     """Train LoRA adapters on the frozen model instead of every weight; the reference model is the model with its adapters disabled. Null: full-parameter training."""
 
