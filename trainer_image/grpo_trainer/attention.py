@@ -5,13 +5,17 @@ where sdpa would compute the whole row against itself under a block-diagonal mas
 `VARLEN` is a transformers attention implementation: a forward given the samples' boundaries
 (`cu_seq_lens_q` and `max_length_q`, the flash-attention kwargs transformers passes down to
 every attention layer) runs varlen_attn; any other forward (padded rows) is sdpa, mask and all.
-On CPU, in float32, or with a torch without the varlen kernel, models keep sdpa, which honours the packed
-positions through its block-diagonal mask (transformers' masking_utils): the same numbers.
+On CPU, in float32, or with a torch without the varlen kernel, models keep sdpa, which honours
+the packed positions through its block-diagonal mask (transformers' masking_utils): the same
+numbers, at the cost of the whole row's attention.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import inspect
+import math
 
 import torch
 
@@ -29,13 +33,28 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     if cu is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    from torch.nn.attention.varlen import varlen_attn
+    varlen_attn, params = _varlen_attn()
     # [1, heads, n, d] -> [n, heads, d]: usually a view already (no copy)
     q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
+    # The function's keywords changed across torch releases: causal is is_causal=True (2.9) or
+    # window_size=(-1, 0) (later); grouped-query heads need enable_gqa where it exists (flash
+    # itself takes fewer key/value heads); without `scale` it is flash's 1/sqrt(d), Qwen's.
+    options = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    if "scale" in params:
+        options["scale"] = scaling
+    elif scaling is not None and not math.isclose(scaling, q.shape[-1] ** -0.5):
+        raise RuntimeError(f"varlen attention without a scale argument can't apply the model's {scaling}")
+    if "enable_gqa" in params:
+        options["enable_gqa"] = q.shape[1] != k.shape[1]
     n = kwargs["max_length_q"]
-    out = varlen_attn(q, k, v, cu, cu, n, n, scale=scaling, window_size=(-1, 0),   # (-1, 0): causal
-                      enable_gqa=q.shape[1] != k.shape[1])
+    out = varlen_attn(q, k, v, cu, cu, n, n, **options)
     return out.unsqueeze(0), None      # [1, n, heads, d], as transformers' attention functions return
+
+
+@functools.cache
+def _varlen_attn():
+    from torch.nn.attention.varlen import varlen_attn
+    return varlen_attn, set(inspect.signature(varlen_attn).parameters)
 
 
 def attn_implementation(device: torch.device, packed: bool, dtype: torch.dtype) -> str:
