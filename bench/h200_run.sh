@@ -106,6 +106,8 @@ for phase in $PHASES; do
     # 512-token turn, on vLLM (bench/agent_loop_bench.py). Issue 31: an LLM judge on vLLM.
     agent-loop-bench) SCRIPT=bench/agent_loop_bench.py run agent-loop-bench 240 90 $extra ;;
     judge-vllm)   SCRIPT=bench/reward_model_bench.py run judge-vllm 240 90 --judge $extra ;;
+    # Issue 33: vLLM's own LoRA against merged weights (bench/vllm_lora_check.py; needs build).
+    vllm-lora)    SCRIPT=bench/vllm_lora_check.py run vllm-lora 240 120 $extra ;;
     vllm-check)   SCRIPT=bench/vllm_check.py run vllm-check 330 150 $extra ;;
     trl-vllm)     run trl-vllm 280 150 trl --vllm --warmup 1 --steps 2 $extra ;;
     # Issue 20, two GPUs (bench/x2_bench.py): the link, the nccl weight path and its abort, FSDP2

@@ -16,13 +16,15 @@ one, and bench/vllm_check.py is what ran it on an H200).
   parallelism (workers on several GPUs) they travel as one byte string instead. The prefix
   cache is reset afterwards: cached KV of the old weights is stale.
 
-- LoRA: this engine takes a LoRA policy as merged weights (`accepts_lora_adapters` stays False,
-  so the trainer sends it W + scaling x B @ A through the paths above). Adapter-only sync would
-  need the engine built with `enable_lora=True` (`max_lora_rank`, `max_loras=1`), each version's
-  adapter handed to the workers' LoRA manager from tensors (verl's TensorLoRARequest: the
-  tensors and the PEFT config in a LoRARequest, a new lora_int_id per version, the old one
-  removed) and every generate call made with that request; it is not built here (no GPU to
-  run vLLM on), and vLLM's LoRA kernels also cost decode time that a merged model doesn't.
+- LoRA: built with `max_lora_rank` (a LoRA job that doesn't merge, `model.lora.merge: false`, as
+  verl), the engine runs vLLM's own LoRA (`enable_lora`, one adapter at a time) and takes
+  adapter-only syncs (`accepts_lora_adapters`): each version's adapters are written as a PEFT
+  folder (`write_peft_adapter`, on /dev/shm where there is one), added to the engine at once
+  under a new lora_int_id (so a bad adapter fails the sync, not a later generate), the previous
+  one removed, and every generate call carries that LoRARequest. Merged weights
+  (`load_weights`, e.g. from a trainer on the same GPU, which always sends them by CUDA IPC)
+  replace the base and end the adapter's use: they are the whole policy. Without
+  `max_lora_rank` the engine takes a LoRA policy as merged weights only.
 
 vLLM is imported only when this engine is built. The conversions are pure functions, tested
 without vLLM or a GPU (tests/rollout/test_vllm_adapter.py).
@@ -31,14 +33,18 @@ without vLLM or a GPU (tests/rollout/test_vllm_adapter.py).
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
-from collections.abc import Iterable
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from grpo_rollout import cuda_ipc
-from grpo_rollout.engine import Engine, EngineInfo, Sample, SamplingParams
+from grpo_rollout.engine import Engine, EngineInfo, LoraAdapter, Sample, SamplingParams
 
 VLLM_VERSIONS = "0.26."
 """The vLLM releases this adapter runs with (a prefix of vllm.__version__)."""
@@ -160,6 +166,47 @@ def pack_on_device(weights: Iterable[tuple[str, torch.Tensor]], device: torch.de
     return buffer, entries
 
 
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The max_lora_rank values vLLM 0.26 accepts (vllm.config.lora.MaxLoRARanks)."""
+
+
+def vllm_max_lora_rank(rank: int) -> int:
+    """The smallest max_lora_rank vLLM accepts that holds `rank`."""
+    fitting = [r for r in LORA_RANKS if r >= rank]
+    if not fitting:
+        raise ValueError(f"spec.model.lora.rank {rank}: vLLM takes adapters of rank <= {LORA_RANKS[-1]} "
+                         "(set model.lora.merge: true to send merged weights instead)")
+    return fitting[0]
+
+
+def write_peft_adapter(adapters: "Mapping[str, LoraAdapter]", folder: Path) -> None:
+    """`adapters` (by module name, grpo_api.weights' naming) as a PEFT adapter folder, the layout
+    vLLM's LoRA loader (and PEFT) read: adapter_model.safetensors with
+    `base_model.model.<module>.lora_A.weight` / `.lora_B.weight`, and adapter_config.json whose
+    lora_alpha / r is the adapters' scaling. One rank and one scaling for all (a PEFT config has one)."""
+    from safetensors.torch import save_file
+
+    if not adapters:
+        raise ValueError("an adapter sync without adapters")
+    ranks = {a.a.shape[0] for a in adapters.values()}
+    scalings = {a.scaling for a in adapters.values()}
+    if len(ranks) != 1 or len(scalings) != 1:
+        raise ValueError(f"LoRA adapters of ranks {sorted(ranks)} and scalings {sorted(scalings)}: vLLM takes one "
+                         "rank and one scaling per adapter")
+    rank, scaling = ranks.pop(), scalings.pop()
+    tensors = {}
+    for module, a in adapters.items():
+        tensors[f"base_model.model.{module}.lora_A.weight"] = a.a.detach().to("cpu").contiguous()
+        tensors[f"base_model.model.{module}.lora_B.weight"] = a.b.detach().to("cpu").contiguous()
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": scaling * rank,
+              "target_modules": sorted({m.rpartition(".")[2] for m in adapters}), "lora_dropout": 0.0,
+              "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "modules_to_save": None,
+              "base_model_name_or_path": None}
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
 def environment_defaults() -> None:
     """Settings this adapter needs before vLLM is imported (a user's own values win)."""
     # This process touches CUDA (the engine's device, IPC buffers) before vLLM starts its
@@ -194,7 +241,8 @@ class VLLMEngine(Engine):
     def __init__(self, model_path: str, *, dtype: str, seed: int, tokenizer_path: str | None = None,
                  trust_remote_code: bool = False, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
                  max_model_len: int | None = None, enforce_eager: bool = False,
-                 max_num_batched_tokens: int | None = None):
+                 max_num_batched_tokens: int | None = None, max_lora_rank: int | None = None):
+        """max_lora_rank: run vLLM's LoRA and take adapter-only syncs of adapters up to that rank."""
         environment_defaults()
         import vllm
 
@@ -205,7 +253,15 @@ class VLLMEngine(Engine):
         self._llm = vllm.LLM(**llm_kwargs(
             model_path, dtype=dtype, seed=seed, tokenizer_path=tokenizer_path, trust_remote_code=trust_remote_code,
             tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len, enforce_eager=enforce_eager, max_num_batched_tokens=max_num_batched_tokens))
+            max_model_len=max_model_len, enforce_eager=enforce_eager, max_num_batched_tokens=max_num_batched_tokens),
+            **({} if max_lora_rank is None else dict(enable_lora=True, max_loras=1,
+                                                     max_lora_rank=vllm_max_lora_rank(max_lora_rank))))
+        self.accepts_lora_adapters = max_lora_rank is not None
+        self._lora = None            # the LoRARequest of the adapters every generate call applies
+        self._lora_versions = 0
+        shm = Path("/dev/shm")
+        self._lora_root = Path(tempfile.mkdtemp(prefix="grpo-lora-", dir=shm if shm.is_dir() else None)) \
+            if max_lora_rank is not None else None
         self._tokenizer = self.tokenizer = self._llm.get_tokenizer()   # the agent loop renders tool turns with it
         self._device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
@@ -226,10 +282,36 @@ class VLLMEngine(Engine):
 
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
         sampling = VSamplingParams(**sampling_kwargs(params, self._tokenizer))
-        outputs = self._llm.generate(prompts, sampling, use_tqdm=False)
+        outputs = self._llm.generate(prompts, sampling, use_tqdm=False, lora_request=self._lora)
         return [samples_from_output(o) for o in outputs]
 
+    def load_lora_adapters(self, adapters: Mapping[str, LoraAdapter]) -> None:
+        if not self.accepts_lora_adapters:
+            return super().load_lora_adapters(adapters)
+        from vllm.lora.request import LoRARequest
+
+        self._lora_versions += 1
+        folder = self._lora_root / f"v{self._lora_versions}"
+        write_peft_adapter(adapters, folder)
+        request = LoRARequest(f"policy-{self._lora_versions}", self._lora_versions, str(folder))
+        try:
+            # Loaded now (vLLM would load it at its first request): a bad adapter fails this sync.
+            self._llm.llm_engine.add_lora(request)
+        except Exception as exc:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise ValueError(f"vLLM refused the LoRA adapters: {exc}") from exc
+        self._drop_lora()
+        self._lora = request
+        self._llm.reset_prefix_cache()
+
+    def _drop_lora(self) -> None:
+        if self._lora is not None:
+            self._llm.llm_engine.remove_lora(self._lora.lora_int_id)
+            shutil.rmtree(self._lora.lora_path, ignore_errors=True)
+            self._lora = None
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self._drop_lora()      # merged weights are the whole policy
         if self._tensor_parallel > 1 or self._device.type != "cuda":
             data, entries = pack_tensors(weights)
             self._llm.collective_rpc("grpo_load_weights", args=(data, entries))
@@ -243,10 +325,13 @@ class VLLMEngine(Engine):
     def load_weights_ipc(self, ipc: cuda_ipc.IpcBuffer, entries: list[cuda_ipc.IpcEntry]) -> None:
         if self._tensor_parallel > 1:
             raise ValueError("backend cuda_ipc needs rollout.tensorParallelSize 1 (the workers are on other GPUs)")
+        self._drop_lora()
         self._llm.collective_rpc("grpo_load_ipc", args=(ipc.as_tuple(), entries, True))
         self._llm.reset_prefix_cache()
 
     def close(self) -> None:
+        if self._lora_root is not None:
+            shutil.rmtree(self._lora_root, ignore_errors=True)
         shutdown = getattr(self._llm, "shutdown", None)
         if shutdown is not None:
             shutdown()

@@ -111,3 +111,40 @@ def test_a_buffer_from_another_gpu_is_refused():
     ipc = cuda_ipc.IpcBuffer(b"h", 8, 0, b"r", 0, b"e", False, device_uuid="GPU-elsewhere")
     with pytest.raises(ValueError, match="GPU-elsewhere"):
         cuda_ipc.open_buffer(ipc, torch.device("cpu"))
+
+
+def test_adapters_are_written_as_a_peft_folder_that_peft_loads_onto_the_base(tmp_path):
+    """What vLLM's LoRA loader reads is PEFT's layout: PEFT itself loads the folder, and its merged
+    weights are W + scaling x B @ A (float64 reference) for every adapted module."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from grpo_rollout.engine import LoraAdapter
+    from grpo_rollout.tiny import build_tiny_model
+    from grpo_rollout.vllm_engine import vllm_max_lora_rank, write_peft_adapter
+
+    base_dir = build_tiny_model(tmp_path / "base")
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    weights = {n: p.detach().clone() for n, p in base.named_parameters()}
+    g = torch.Generator().manual_seed(0)
+    modules = ["model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj", "model.layers.1.self_attn.v_proj"]
+    adapters = {}
+    for m in modules:
+        out_f, in_f = weights[f"{m}.weight"].shape
+        adapters[m] = LoraAdapter(torch.randn(4, in_f, generator=g), torch.randn(out_f, 4, generator=g), 0.5)
+    write_peft_adapter(adapters, tmp_path / "adapter")
+    merged = PeftModel.from_pretrained(base, tmp_path / "adapter").merge_and_unload()
+    got = dict(merged.named_parameters())
+    for m, a in adapters.items():
+        want = weights[f"{m}.weight"].double() + 0.5 * (a.b.double() @ a.a.double())
+        torch.testing.assert_close(got[f"{m}.weight"].double(), want, rtol=1e-5, atol=1e-5)
+    untouched = "model.layers.0.self_attn.k_proj.weight"
+    assert torch.equal(got[untouched], weights[untouched])
+    # One rank and one scaling per adapter (a PEFT config has one), and vLLM's allowed ranks.
+    with pytest.raises(ValueError, match="one rank and one scaling"):
+        write_peft_adapter({**adapters, modules[0]: LoraAdapter(adapters[modules[0]].a, adapters[modules[0]].b, 2.0)},
+                           tmp_path / "bad")
+    assert (vllm_max_lora_rank(4), vllm_max_lora_rank(64), vllm_max_lora_rank(100)) == (8, 64, 128)
+    with pytest.raises(ValueError, match="spec.model.lora.rank 1024"):
+        vllm_max_lora_rank(1024)
