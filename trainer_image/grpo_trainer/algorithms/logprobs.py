@@ -126,6 +126,12 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SI
     return _EntropyFromLogits.apply(flat_logits, chunk_size).view(logits.shape[:-1])
 
 
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype, temperature: float):
+    """A chunk's logits / T in `dtype`, a fresh tensor (the matmul in the inputs' dtype, as the head)."""
+    x = (hidden @ weight.t()).to(dtype)      # no copy when already in dtype
+    return x.div_(temperature) if temperature != 1.0 else x
+
+
 class _FusedLinearLogprobs(torch.autograd.Function):
     """Log-prob of the target and entropy of ``softmax(hidden @ weight.T / T)``, chunk by chunk.
 
@@ -142,12 +148,13 @@ class _FusedLinearLogprobs(torch.autograd.Function):
         entropy = torch.empty(n, dtype=dtype, device=hidden.device) if with_entropy else None
         for start in _chunks(n, chunk_size):
             rows = slice(start, start + chunk_size)
-            x = (hidden[rows] @ weight.t()).to(dtype) / temperature
+            # In place where it can be: one float32 chunk, two with the entropy.
+            x = _chunk_logits(hidden[rows], weight, dtype, temperature)
             lse[rows] = torch.logsumexp(x, dim=-1)
-            x = x - lse[rows].unsqueeze(-1)      # log_softmax
+            x.sub_(lse[rows].unsqueeze(-1))      # log_softmax
             logp[rows] = x.gather(-1, labels[rows].unsqueeze(-1)).squeeze(-1)
             if with_entropy:
-                entropy[rows] = -(x.exp() * x).sum(dim=-1)
+                entropy[rows] = -x.exp().mul_(x).sum(dim=-1)
         ctx.save_for_backward(hidden, weight, labels, lse, entropy)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         ctx.set_materialize_grads(False)
@@ -165,20 +172,24 @@ class _FusedLinearLogprobs(torch.autograd.Function):
             return grad_hidden, grad_weight, None, None, None, None
         for start in _chunks(hidden.shape[0], ctx.chunk_size):
             rows = slice(start, start + ctx.chunk_size)
-            logp = (hidden[rows] @ weight.t()).to(lse.dtype) / ctx.temperature - lse[rows].unsqueeze(-1)
+            # Two float32 chunks: the log-probs (becoming the gradient) and the probabilities.
+            logp = _chunk_logits(hidden[rows], weight, lse.dtype, ctx.temperature).sub_(lse[rows].unsqueeze(-1))
             probs = logp.exp()
-            grad = torch.zeros_like(logp)
             if grad_entropy is not None:     # d H / d x = -p (log p + H)
-                grad -= probs * (logp + entropy[rows].unsqueeze(-1)) * grad_entropy[rows].to(lse.dtype).unsqueeze(-1)
+                ge = grad_entropy[rows].to(lse.dtype).unsqueeze(-1)
+                grad = logp.add_(entropy[rows].unsqueeze(-1)).mul_(probs).mul_(-ge)
+            else:
+                grad = logp.zero_()
             if grad_logp is not None:        # d logp_y / d x = onehot(y) - p
                 g = grad_logp[rows].to(lse.dtype).unsqueeze(-1)
-                grad -= probs * g
+                grad.sub_(probs.mul_(g))
                 grad.scatter_add_(-1, labels[rows].unsqueeze(-1), g)
-            grad = (grad / ctx.temperature).to(hidden.dtype)   # through x = logits / T
+            del probs
+            grad = grad.div_(ctx.temperature).to(hidden.dtype)   # through x = logits / T
             if need_hidden:
                 grad_hidden[rows] = grad @ weight
             if need_weight:
-                grad_weight += (grad.t() @ hidden[rows]).to(grad_weight.dtype)
+                grad_weight.add_(grad.t() @ hidden[rows])      # cast as it adds: no float32 copy
         return (grad_hidden, grad_weight.to(weight.dtype) if need_weight else None, None, None, None, None)
 
 
