@@ -285,7 +285,8 @@ def packed_check(model, group, samples, adv, dev, temperature: float) -> float:
     with torch.no_grad():
         packed = batching.collate(group, samples, adv, 0, dev, pack=True)
         padded = batching.collate(group, samples, adv, 0, dev)
-        diff = actor.forward_logprobs(model, packed, temperature)[0] - actor.forward_logprobs(model, padded, temperature)[0]
+        diff = (actor.forward_logprobs(model, packed, temperature)[0]
+                - actor.forward_logprobs(model, padded, temperature)[0])
     return float(diff[padded.response_mask.bool()].abs().max())
 
 
@@ -360,7 +361,8 @@ def cmd_train(args) -> None:
             t3 = time.perf_counter()
             rows.append({"ref_s": t2 - t1, "update_s": t3 - t2, "train_s": t3 - t1,
                          "kl_loss": result.metrics.get("actor/kl_loss"), "grad_norm": result.metrics.get("actor/grad_norm")})
-            log(f"maxTokensPerGPU={max_tokens} {head} head {layout} step {step}: ref {t2 - t1:.2f}s update {t3 - t2:.2f}s "
+            log(f"maxTokensPerGPU={max_tokens} {head} head {layout} step {step}: ref {t2 - t1:.2f}s "
+                f"update {t3 - t2:.2f}s "
                 f"kl {result.metrics.get('actor/kl_loss'):.3g} gn {result.metrics.get('actor/grad_norm'):.3g}")
         check = packed_check(model, groups[0], samples, adv, dev, spec_k.rollout.temperature) if packed else None
         timed = rows[args.warmup:]

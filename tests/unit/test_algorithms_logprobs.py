@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from grpo_trainer.algorithms import entropy_from_logits, fused_linear_logprobs, logprobs_from_logits
+from grpo_trainer.algorithms import (entropy_from_logits, fused_linear_logprobs,
+                                     logprobs_from_logits)
 
 
 def plain_logprobs(logits, labels):
@@ -114,7 +115,8 @@ def _head_inputs(n=23, hidden=6, vocab=40, seed=1, dtype=torch.float32):
     gen = torch.Generator().manual_seed(seed)
     h = torch.randn(n, hidden, generator=gen).to(dtype)
     w = (2 * torch.randn(vocab, hidden, generator=gen)).to(dtype)
-    return h, w, torch.randint(0, vocab, (n,), generator=gen), torch.randn(n, generator=gen), torch.randn(n, generator=gen)
+    labels = torch.randint(0, vocab, (n,), generator=gen)
+    return h, w, labels, torch.randn(n, generator=gen), torch.randn(n, generator=gen)   # a, b: loss weights
 
 
 def _float64_reference(h, w, labels, temperature, a, b, *, grad_w=True):

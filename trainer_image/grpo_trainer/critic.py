@@ -33,7 +33,8 @@ def forward_values(model, mb: MicroBatch) -> torch.Tensor:
         values = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
                        **varlen_kwargs(model, packed.cu_seqlens, packed.max_length)).logits[0, :, 0]
         valid = packed.source >= 0
-        return values.float().new_zeros(b * width).index_put((packed.source[valid],), values[valid].float()).view(b, width)
+        out = values.float().new_zeros(b * width)
+        return out.index_put((packed.source[valid],), values[valid].float()).view(b, width)
     values = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
     return values.squeeze(-1)[:, :-1].float()
 
