@@ -21,7 +21,6 @@ import signal
 import socket
 import sys
 import threading
-from pathlib import Path
 
 READY_PREFIX = "GRPO_ROLLOUT_READY "
 
@@ -132,7 +131,7 @@ def _start(args, job, spec, token, tls, worker_id, metrics, rewards, holder):
     if model.tokenizer_path:
         check_local_model_path(model.tokenizer_path, "spec.model.tokenizerPath")
     reward_models = _reward_models(args, spec, token, metrics)
-    engine = build_engine(spec, model, device=_device(args.device), lora_adapters=args.lora_adapters)
+    engine = build_engine(spec, model, device=_device(args.device))
     try:
         worker = RolloutWorker(spec=spec, engine=engine, rewards=rewards, storage=Storage(spec.storage),
                                worker_id=worker_id, metrics=metrics, reward_models=reward_models,
@@ -156,7 +155,7 @@ def _reward_models(args, spec, token, metrics):
     return RewardModels(spec.reward.reward_models, parse_addresses(text), auth, metrics)
 
 
-def build_engine(spec, model, *, device: str, lora_adapters: bool = True):
+def build_engine(spec, model, *, device: str):
     """The engine spec.rollout.engine names, for `model` (the spec's model, as fetched). Each
     engine module is imported only when chosen (vllm is large), and here, outside engine.py,
     which both import."""
@@ -168,23 +167,8 @@ def build_engine(spec, model, *, device: str, lora_adapters: bool = True):
         return HFEngine(model.path, device=device, **common)
     if rollout.engine == "vllm":
         from grpo_rollout.vllm_engine import VLLMEngine
-        lora = spec.model.lora
-        # vLLM's own LoRA for adapter-only syncs (model.lora.merge false, as verl), unless the server
-        # is told to take merged weights (--no-lora-adapters).
-        rank = lora_rank(lora) if lora is not None and not lora.merge and lora_adapters else None
         return VLLMEngine(model.path, tensor_parallel_size=rollout.tensor_parallel_size,
                           gpu_memory_utilization=rollout.gpu_memory_utilization, max_model_len=spec.total_length,
                           enforce_eager=rollout.enforce_eager, max_num_batched_tokens=rollout.max_num_batched_tokens,
-                          max_lora_rank=rank, **common)
+                          **common)
     raise ValueError(f"spec.rollout.engine: unknown engine {rollout.engine!r}; known: hf, vllm")
-
-
-def lora_rank(lora) -> int:
-    """model.lora's rank, or the starting adapter's (adapterPath's adapter_config.json `r`)."""
-    if lora.rank is not None:
-        return lora.rank
-    path = Path(lora.adapter_path) / "adapter_config.json"
-    try:
-        return int(json.loads(path.read_text())["r"])
-    except (OSError, ValueError, KeyError) as exc:
-        raise ValueError(f"spec.model.lora.adapterPath: cannot read the adapter's rank from {path}: {exc}") from exc

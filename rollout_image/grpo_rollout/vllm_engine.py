@@ -16,15 +16,18 @@ one, and bench/vllm_check.py is what ran it on an H200).
   parallelism (workers on several GPUs) they travel as one byte string instead. The prefix
   cache is reset afterwards: cached KV of the old weights is stale.
 
-- LoRA: built with `max_lora_rank` (a LoRA job that doesn't merge, `model.lora.merge: false`, as
-  verl), the engine runs vLLM's own LoRA (`enable_lora`, one adapter at a time) and takes
-  adapter-only syncs (`accepts_lora_adapters`): each version's adapters are written as a PEFT
-  folder (`write_peft_adapter`, on /dev/shm where there is one), added to the engine at once
-  under a new lora_int_id (so a bad adapter fails the sync, not a later generate), the previous
-  one removed, and every generate call carries that LoRARequest. Merged weights
-  (`load_weights`, e.g. from a trainer on the same GPU, which always sends them by CUDA IPC)
-  replace the base and end the adapter's use: they are the whole policy. Without
-  `max_lora_rank` the engine takes a LoRA policy as merged weights only.
+- LoRA: `grpo rollout` takes a LoRA policy as merged weights (W + scaling x B @ A through the
+  paths above; `accepts_lora_adapters` False). Built with `max_lora_rank`, the engine runs vLLM's
+  own LoRA (`enable_lora`, one adapter at a time) and takes adapter-only syncs: each version's
+  adapters are written as a PEFT folder (`write_peft_adapter`, on /dev/shm where there is one),
+  added at once under a new lora_int_id (a bad adapter fails the sync, not a later generate),
+  the previous one removed, and every generate call carries that LoRARequest. Not enabled by
+  `grpo rollout` yet (bench/RESULTS.md, 2026-12-02 third session): on the H200, adding an adapter
+  (0.3 s) and generating with it ran, but merged weights no longer load into a LoRA-enabled engine
+  (vLLM names the wrapped layers' weights `<module>.base_layer.weight`; the trainer on the same GPU
+  always sends merged weights), the LoRA engine generated 15 % slower without an adapter (6.26 s
+  against 5.45 s for 256 x 512) and started in 152 s against ~90, and adapter-vs-merged log-probs
+  were not compared yet.
 
 vLLM is imported only when this engine is built. The conversions are pure functions, tested
 without vLLM or a GPU (tests/rollout/test_vllm_adapter.py).
