@@ -679,6 +679,14 @@ RULES: tuple[Rule, ...] = (
     Ignore("actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode", "the agent loop never "
            "re-tokenizes a trajectory (token-in/token-out): there is no drift to check"),
     Ignore("actor_rollout_ref.rollout.multi_turn.*", "a verl multi-turn setting with no counterpart here"),
+    # verl's agent loop registry (agent.agent_loop_config_path: `- name: ..., _target_: module.Class`
+    # of verl's async AgentLoopBase) has no drop-in here: our agent loops are rollout.agentLoop's
+    # synchronous interface (docs/ARCHITECTURE.md, "Custom agent loops").
+    Refuse("actor_rollout_ref.rollout.agent.agent_loop_config_path", "verl's agent loop classes (AgentLoopBase) "
+           "don't run here; port the loop to spec.rollout.agentLoop (module:Class, docs/ARCHITECTURE.md "
+           "\"Custom agent loops\") or use rollout.multiTurn's tool agent", ok=(None,)),
+    Ignore("actor_rollout_ref.rollout.agent.num_workers", "verl's agent loop workers (Ray actors): the agent "
+           "loop runs in each rollout server"),
     Refuse("actor_rollout_ref.rollout.ignore_eos", "generation stops at EOS here", ok=(False,)),
     Ignore("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", _MICRO_LOGPROB),
     Ignore("actor_rollout_ref.rollout.mode", "rollout servers are always separate, asynchronous vLLM servers"),

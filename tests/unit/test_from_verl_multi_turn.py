@@ -80,10 +80,18 @@ def test_multi_turn_keys(override, expected):
     ("actor_rollout_ref.rollout.multi_turn.interaction_config_path=/cfg/interaction.yaml",
      "interactions (simulated users) are not supported"),
     ("actor_rollout_ref.rollout.multi_turn.format=gpt-oss", "'gpt-oss'"),
+    ("actor_rollout_ref.rollout.agent.agent_loop_config_path=/cfg/agent_loops.yaml",
+     "port the loop to spec.rollout.agentLoop"),
 ])
 def test_what_we_do_not_have_is_an_error(override, message):
     t = translate(read_command(VERL_GSM8K_TOOL_AGENT.rstrip() + " " + override))
     assert any(message in e for e in t.errors), t.errors
+
+
+def test_verl_agent_loop_workers_are_not_a_setting_here():
+    t = translate(read_command(VERL_GSM8K_TOOL_AGENT.rstrip() + " actor_rollout_ref.rollout.agent.num_workers=8"))
+    assert t.errors == [], t.errors
+    assert any("agent.num_workers" in w and "runs in each rollout server" in w for w in t.warnings), t.warnings
 
 
 def test_enable_without_a_tool_names_the_field():
