@@ -66,6 +66,11 @@ class RunLayout:
         """The step's record of the rollout shards it trained on (grpo_api.rollout_history.AcceptedRollouts)."""
         return self._join("rollouts", f"step-{step}", "accepted.json")
 
+    @property
+    def rollouts_retention(self) -> str:
+        """The steps storage.keepRolloutsSteps deleted (grpo_api.rollout_history.RetentionRecord)."""
+        return self._join("rollouts", "retention.json")
+
     def step_dir(self, kind: str, step: int) -> str:
         """`prompts`, `rollouts`, `checkpoints` or `hf` folder of one step."""
         return self._join(kind, f"step-{step}")

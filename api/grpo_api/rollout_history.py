@@ -11,7 +11,8 @@ record is why. A step counts once the trainer has trained it (progress.json's `s
 shards of a step still in progress may be a failed attempt whose retry is under way, so they are
 skipped, never an error.
 
-Reads one shard at a time (bounded memory). No torch or transformers here: the command that
+Steps that storage.keepRolloutsSteps deleted are named in rollouts/retention.json
+(`RetentionRecord`) and never read. Reads one shard at a time (bounded memory). No torch or transformers here: the command that
 decodes the ids lives in grpo_trainer.
 """
 
@@ -74,6 +75,58 @@ class AcceptedRollouts:
         if any("/" in name for name in record.shards):
             raise ValueError(f"{where}: a shard outside its step's folder: {record.shards}")
         return record
+
+
+@dataclass
+class RetentionRecord:
+    """The rollout steps storage.keepRolloutsSteps deleted (`RunLayout.rollouts_retention`), as
+    inclusive [first, last] ranges. The trainer writes it before it deletes, so a step being
+    deleted already reads as gone."""
+
+    keep_rollouts_steps: int
+    deleted: list[list[int]] = field(default_factory=list)
+
+    def with_deleted(self, steps: list[int]) -> RetentionRecord:
+        return RetentionRecord(self.keep_rollouts_steps, step_ranges(sorted(
+            {s for a, b in self.deleted for s in range(a, b + 1)} | set(steps))))
+
+    def __contains__(self, step: int) -> bool:
+        return any(a <= step <= b for a, b in self.deleted)
+
+    def describe(self, first: int | None = None, last: int | None = None) -> str:
+        """"steps 1-40 deleted by storage.keepRolloutsSteps (2)" for the ranges within [first, last]; "" if none."""
+        lo, hi = first if first is not None else -1, last if last is not None else 1 << 62
+        ranges = [[max(a, lo), min(b, hi)] for a, b in self.deleted if b >= lo and a <= hi]
+        if not ranges:
+            return ""
+        word = "step" if len(ranges) == 1 and ranges[0][0] == ranges[0][1] else "steps"
+        return f"{word} {format_ranges(ranges)} deleted by storage.keepRolloutsSteps ({self.keep_rollouts_steps})"
+
+    def to_json(self) -> bytes:
+        return json.dumps({"keepRolloutsSteps": self.keep_rollouts_steps, "deleted": self.deleted}).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> RetentionRecord:
+        try:
+            record = json.loads(data)
+            return cls(int(record["keepRolloutsSteps"]), [[int(a), int(b)] for a, b in record["deleted"]])
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ValueError(f"{where}: not a rollout retention record: {exc}") from None
+
+
+def step_ranges(steps: list[int]) -> list[list[int]]:
+    """Sorted steps as inclusive [first, last] runs: [1, 2, 3, 7] -> [[1, 3], [7, 7]]."""
+    ranges: list[list[int]] = []
+    for s in steps:
+        if ranges and s == ranges[-1][1] + 1:
+            ranges[-1][1] = s
+        else:
+            ranges.append([s, s])
+    return ranges
+
+
+def format_ranges(ranges: list[list[int]]) -> str:
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges)
 
 
 def spec_digest(spec: dict) -> str:
@@ -166,6 +219,14 @@ class RolloutHistory:
                 steps.append(int(m.group(1)))
         return sorted(steps)
 
+    def retention(self) -> RetentionRecord | None:
+        """The steps storage.keepRolloutsSteps deleted; None when it deleted none."""
+        where = self.layout.rollouts_retention
+        try:
+            return RetentionRecord.from_json(self.storage.read_bytes(where), where)
+        except FileNotFoundError:
+            return None
+
     def accepted(self, step: int) -> AcceptedRollouts | None:
         """The step's record of what it trained on; None for a run written before it existed."""
         where = self.layout.accepted_rollouts(step)
@@ -190,10 +251,10 @@ class RolloutHistory:
     def tables(self, filters: Filters, skipped: list[int] | None = None) -> Iterator[pa.Table]:
         """The accepted shards' samples that pass `filters`, one table (EXPORT_SCHEMA) per shard,
         step by step. Steps not trained yet are appended to `skipped`."""
-        trained = self.trained_step()
+        trained, retention = self.trained_step(), self.retention()
         for step in self.steps():
-            if not filters.wants_step(step):
-                continue
+            if not filters.wants_step(step) or (retention is not None and step in retention):
+                continue        # a step being deleted may be half gone
             if step > trained:
                 if skipped is not None:
                     skipped.append(step)

@@ -495,6 +495,8 @@ class StorageSpec(_Model):
     """S3 region."""
     secret_ref: str | None = None
     """Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY; never put credentials in the spec."""
+    keep_rollouts_steps: int | None = Field(default=None, ge=1)
+    """Keep the rollouts (rollouts/step-N/ and prompts/step-N/) of the last N trained steps only: after each step the trainer deletes older step folders, and records them in rollouts/retention.json, which `grpo rollouts export` and `grpo ui` show. Always kept: step C+1 of every kept checkpoint C, which a resume from C (its batch generated ahead, with rollout.maxStaleness 1) and `grpo replay --step C+1` read. null: keep every step."""
 
 
 class WeightSyncSpec(_Model):

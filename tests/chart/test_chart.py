@@ -64,6 +64,35 @@ def test_uninstall_is_checked_by_a_pre_delete_hook_of_the_operator_image(helm):
     assert find(render(helm, "--set", "uninstallCheck.enabled=false"), "Job") == []
 
 
+def test_the_viewer_serves_one_run_read_only_when_enabled(helm):
+    """viewer.enabled (issue 35): `grpo ui` on viewer.runUri in the trainer image, the storage
+    credentials from the named Secret, no API token, and a Service selecting the viewer only."""
+    assert not [d for d in render(helm) if "viewer" in d["metadata"]["name"]]
+    docs = render(helm, "--set", "viewer.enabled=true", "--set", "viewer.runUri=s3://runs/team-a/foo/0f3a",
+                  "--set", "viewer.storageCredentialsSecret=run-reader", "--set", "viewer.endpoint=http://minio:9000")
+    (deploy,) = find(docs, "Deployment", "grpo-grpo-operator-viewer")
+    pod = deploy["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["image"] == "ghcr.io/grpo-operator/trainer:0.1.0"
+    assert c["command"] + c["args"] == ["grpo", "ui", "s3://runs/team-a/foo/0f3a", "--host=0.0.0.0", "--port=8265",
+                                        "--endpoint=http://minio:9000"]
+    assert c["envFrom"] == [{"secretRef": {"name": "run-reader"}}]
+    assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True and pod["securityContext"]["runAsNonRoot"] is True
+    (svc,) = find(docs, "Service", "grpo-grpo-operator-viewer")
+    labels = deploy["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+    assert svc["spec"]["selector"].items() <= labels.items()
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 8265, "targetPort": "http", "protocol": "TCP"}]
+    # The operator's Deployment and metrics Service must not select the viewer's pod, nor it theirs.
+    (operator,) = find(docs, "Deployment", "grpo-grpo-operator")
+    assert not operator["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    out = run(helm, "template", "grpo", str(CHART), "--set", "viewer.enabled=true", check=False)
+    assert out.returncode != 0 and "viewer.runUri is required" in out.stderr, out.stderr
+    assert "0 chart(s) failed" in run(helm, "lint", "--strict", str(CHART), "--set", "viewer.enabled=true",
+                                      "--set", "viewer.runUri=s3://runs/x").stdout
+
+
 def _env(docs) -> dict[str, str]:
     (deploy,) = find(docs, "Deployment")
     return {e["name"]: e["value"] for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e}
@@ -163,6 +192,7 @@ def test_rbac_is_least_privilege(helm):
     ("metrics.port=0", "/metrics/port"),
     ("operator.resyncSeconds=0", "/operator/resyncSeconds"),
     ("image.repository=", "/image/repository"),
+    ("viewer.runUri=/data/run", "/viewer/runUri"),
 ])
 def test_values_schema_refuses_bad_values(helm, setting, message):
     out = run(helm, "template", "grpo", str(CHART), "--set", setting, check=False)

@@ -1,50 +1,32 @@
-"""Issue 35 item 3, `grpo replay RUN --step N`, on a real run: torchrun (2 ranks, gloo), a `grpo
-rollout` server, file:// storage, the tiny model; 2 steps, then the run resumed (totalSteps 3, so
-step 3's trainer has another spec than checkpoint step-2's), a checkpoint after every step.
+"""Issue 35 item 3, `grpo replay RUN --step N`, on a real run (conftest's `resumed_run`): torchrun
+(2 ranks, gloo), a `grpo rollout` server, file:// storage, the tiny model; 2 steps, then the run
+resumed (totalSteps 3, so step 3's trainer has another spec than checkpoint step-2's), a
+checkpoint after every step, storage.keepRolloutsSteps 1 (item 4).
 
 - steps 2 and 3 (the resumed trainer's) trained again match what the run logged, bit for bit on
   CPU, and the run's files are left as they were;
 - step 3 replayed under a changed spec (`--set`) differs: exit 1, naming what differs;
+- retention deleted step 1's rollouts and prompts only, kept step 2's (the checkpoint before it is
+  kept) and step 3's (the last), and export says so;
 - bad input (step 1, which no checkpoint precedes; a step not logged; a deleted checkpoint; the
   resumed trainer's spec with its checkpoints deleted; no key) is one `error:` line and exit 2.
 """
 
 from __future__ import annotations
 
-import secrets
+import json
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from integration_helpers import child_env, grpo_cli, run_root, run_trainer, start_rollout_servers, write_job
+from integration_helpers import child_env, grpo_cli
 
 pytestmark = pytest.mark.integration
 
 UPDATE_METRICS = ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "critic/advantages/mean",
                   "critic/advantages/std", "critic/score/mean")
-
-
-@pytest.fixture(scope="module")
-def resumed_run(tmp_path_factory, tiny_model, quickstart_data, dense_reward) -> Path:
-    tmp = tmp_path_factory.mktemp("replay")
-    token = secrets.token_hex(16)
-    job = write_job(tmp / "replay.yaml", name="replay", model=tiny_model, train=quickstart_data[0],
-                    storage=tmp / "store", reward={"function": dense_reward},
-                    trainer={"totalSteps": 2, "saveFreq": 1, "keepCheckpoints": None})
-    servers = start_rollout_servers(job, token, 1, tmp)
-    try:
-        rollout = servers[0].address
-        result = run_trainer(job, rollout=rollout, token=token)
-        assert result.returncode == 0, result.output[-8000:]
-        result = run_trainer(job, rollout=rollout, token=token, overrides=("trainer.totalSteps=3",),
-                             log_path=tmp / "resumed.log")
-        assert result.returncode == 0 and "Resumed from" in result.output, result.output[-8000:]
-    finally:
-        for s in servers:
-            s.stop()
-    return run_root(tmp / "store", "replay")
 
 
 def replay(run: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
@@ -105,3 +87,18 @@ def test_bad_input_is_one_error_line(resumed_run, tmp_path):
         lines = res.stderr.strip().splitlines()
         assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], \
             (args, res.stdout, res.stderr)
+
+
+def test_retention_deletes_only_what_no_resume_or_replay_needs(resumed_run, tmp_path):
+    # After step 2: step 1 is older than the last 1 and no checkpoint precedes it (0 is none);
+    # step 2 is kept for checkpoint step-1 (replayed above), step 3 is the last.
+    for kind in ("rollouts", "prompts"):
+        assert sorted(p.name for p in (resumed_run / kind).iterdir() if p.is_dir()) == ["step-2", "step-3"], kind
+    assert json.loads((resumed_run / "rollouts" / "retention.json").read_text()) == \
+        {"keepRolloutsSteps": 1, "deleted": [[1, 1]]}
+    out = tmp_path / "rollouts.jsonl"
+    res = subprocess.run([*grpo_cli(), "rollouts", "export", str(resumed_run), "--no-text", "-o", str(out)],
+                         capture_output=True, text=True, env=child_env(), timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "step 1 deleted by storage.keepRolloutsSteps (1)" in res.stdout, res.stdout
+    assert sorted({json.loads(line)["step"] for line in out.read_text().splitlines()}) == [2, 3]

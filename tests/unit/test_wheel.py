@@ -90,6 +90,11 @@ def test_wheel_holds_every_package_of_the_source_tree(wheel):
     assert in_tree - in_wheel == set(), "modules missing from the wheel"
     data = {n for n in zipfile.ZipFile(wheel).namelist() if n.endswith((".proto", ".pyi"))}
     assert "grpo_api/proto/rollout.proto" in data
+    # `grpo ui`'s templates and vendored charts (package data): the page needs every one.
+    ui = REPO / "trainer_image" / "grpo_trainer" / "ui"
+    assets = {f"grpo_trainer/ui/{p.relative_to(ui)}" for p in ui.rglob("*")
+              if p.is_file() and p.suffix not in (".py", ".pyc")}
+    assert assets - set(zipfile.ZipFile(wheel).namelist()) == set(), "grpo ui files missing from the wheel"
 
 
 def test_every_module_imports_from_the_installed_wheel(wheel, fresh_venv):

@@ -65,7 +65,7 @@ def _export(args: argparse.Namespace) -> int:
                       data_sources=args.data_source, min_length=args.min_length, max_length=args.max_length)
     storage = Storage(StorageSpec(endpoint=args.endpoint) if args.endpoint else None)
     history = RolloutHistory(args.run, storage)
-    tokenizer = None if args.no_text else _tokenizer(history, storage, args.tokenizer)
+    tokenizer = None if args.no_text else run_tokenizer(history, storage, args.tokenizer)
     schema = EXPORT_SCHEMA if tokenizer is None else EXPORT_SCHEMA.append(
         pa.field("prompt_text", pa.string())).append(pa.field("response_text", pa.string()))
 
@@ -96,6 +96,8 @@ def _export(args: argparse.Namespace) -> int:
             writer.close()
         tmp.unlink(missing_ok=True)
     note = f"; steps {_ranges(skipped)} not trained yet, skipped" if skipped else ""
+    if (retention := history.retention()) is not None and (gone := retention.describe(first, last)):
+        note += f"; {gone}"
     print(f"Exported {rows} samples of {history.layout.root} to {out}{note}")
     return 0
 
@@ -112,7 +114,7 @@ def _ranges(steps: list[int]) -> str:
     return f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
 
 
-def _tokenizer(history, storage, path: str | None):
+def run_tokenizer(history, storage, path: str | None):
     """--tokenizer, else the run's model: `grpo run` keeps the job in <run>/job.yaml; every
     checkpoint records the model it trained (trainer_state.json)."""
     from transformers import AutoTokenizer

@@ -25,13 +25,13 @@ import torch.distributed as dist
 
 from grpo_api.model_cache import local_model
 from grpo_api.records import RunLayout
-from grpo_api.rollout_history import AcceptedRollouts, spec_digest
+from grpo_api.rollout_history import AcceptedRollouts, format_ranges, spec_digest, step_ranges
 from grpo_api.rpc import ClientAuth
 from grpo_api.spec import GRPOJob
 from grpo_api.storage import Storage, job_root
-from grpo_trainer import lora, rollouts
+from grpo_trainer import lora, retention, rollouts
 from grpo_trainer.actor import Actor
-from grpo_trainer.checkpoint import Checkpointer
+from grpo_trainer.checkpoint import Checkpointer, complete_checkpoints
 from grpo_trainer.metrics import ProgressBar, open_metrics, setup_logging, step_metrics
 from grpo_trainer.model import load_tokenizer, training_device
 from grpo_trainer.publisher import WeightPublisher
@@ -142,6 +142,7 @@ class Trainer:
             if self.rank == 0:
                 self.metrics.log(step, metrics)
                 self._write_progress(metrics)
+                self._prune_rollouts(step)
                 bar.update(metrics)
         weights, adapter = self.publisher.final_weights(), self.publisher.final_adapter()
         if self.rank == 0:
@@ -174,6 +175,16 @@ class Trainer:
         record = AcceptedRollouts(step=step, shards=[uri.rsplit("/", 1)[-1] for uri in batch.uris], keep=batch.keep,
                                   off_policy=batch.off_policy, world_size=self.world, spec_sha256=self.spec_sha256)
         self.storage.write_bytes(self.layout.accepted_rollouts(step), record.to_json())
+
+    def _prune_rollouts(self, step: int) -> None:
+        """storage.keepRolloutsSteps: the rollouts of older steps go, once this one is logged."""
+        if (keep := self.spec.storage.keep_rollouts_steps) is None:
+            return
+        checkpoints = [s for s, _ in complete_checkpoints(self.layout, self.storage)]
+        if deleted := retention.prune_rollouts(self.layout, self.storage, step=step, keep=keep,
+                                               checkpoints=checkpoints):
+            log.info("storage.keepRolloutsSteps %d: deleted the rollouts of steps %s", keep,
+                     format_ranges(step_ranges(deleted)))
 
     # --- stopping, checkpoints, progress -------------------------------------------------------
 
