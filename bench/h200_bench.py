@@ -404,7 +404,6 @@ def load_engine(args, variant: str, model_dir: str):
 
 
 def bench_prompts(args, count: int) -> list[list[int]]:
-    from grpo_api.spec import DataSpec
     from grpo_api.storage import Storage
     from grpo_trainer.data import load_prompts
     from grpo_trainer.model import load_tokenizer

@@ -11,7 +11,6 @@ No torch import here: `grpo validate` and the operator must start fast.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import Annotated, Any, Callable, Literal
