@@ -115,7 +115,9 @@ def main(argv=None) -> int:
           "adapter_vs_merged_mean_abs": round(float(d_lm.mean()), 5), "adapter_vs_merged_max": round(float(d_lm.max()), 4),
           "adapter_vs_base_mean_abs": round(float(d_lb.mean()), 5),
           "ok": bool(d_lm.mean() < 0.2 * d_lb.mean())})
-    engine.load_weights(restore)
+    engine.load_weights(restore)                 # merged weights went into the base layers: back to the base
+    d_rb = (forced_logprobs() - lp_base).abs()
+    emit({"what": "base weights loaded back", "vs_base_max": round(float(d_rb.max()), 5), "ok": bool(d_rb.max() < 1e-3)})
     engine.close()
     return 0
 

@@ -21,13 +21,12 @@ one, and bench/vllm_check.py is what ran it on an H200).
   own LoRA (`enable_lora`, one adapter at a time) and takes adapter-only syncs: each version's
   adapters are written as a PEFT folder (`write_peft_adapter`, on /dev/shm where there is one),
   added at once under a new lora_int_id (a bad adapter fails the sync, not a later generate),
-  the previous one removed, and every generate call carries that LoRARequest. Not enabled by
-  `grpo rollout` yet (bench/RESULTS.md, 2026-12-02 third session): on the H200, adding an adapter
-  (0.3 s) and generating with it ran, but merged weights no longer load into a LoRA-enabled engine
-  (vLLM names the wrapped layers' weights `<module>.base_layer.weight`; the trainer on the same GPU
-  always sends merged weights), the LoRA engine generated 15 % slower without an adapter (6.26 s
-  against 5.45 s for 256 x 512) and started in 152 s against ~90, and adapter-vs-merged log-probs
-  were not compared yet.
+  the previous one removed, and every generate call carries that LoRARequest. Merged weights
+  load into it too (the wrapped layers' weights are `<module>.base_layer.weight` there:
+  `lora_base_names`). On the H200 (bench/RESULTS.md, 2026-12-02 fourth session) adapter and merged
+  log-probs agree (mean abs 0.025, against 0.86 to the base), but the LoRA engine generates 256 x
+  512 in 6.1-7.1 s against 5.45 s without LoRA and starts in 168 s against ~90: `grpo rollout`
+  keeps taking LoRA policies as merged weights into an engine without LoRA.
 
 vLLM is imported only when this engine is built. The conversions are pure functions, tested
 without vLLM or a GPU (tests/rollout/test_vllm_adapter.py).
@@ -221,13 +220,46 @@ def environment_defaults() -> None:
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
 
 
+def lora_base_names(names: Iterable[str], param_names: Iterable[str], packed_modules: Mapping[str, list[str]]
+                    ) -> dict[str, str]:
+    """Hugging Face weight names -> the names a LoRA-enabled vLLM model loads them under.
+
+    vLLM's LoRA wraps each adapted layer, so its weight becomes `<module>.base_layer.weight`, and
+    the model's own `load_weights` (which maps `q_proj` onto the fused `qkv_proj` by substring)
+    no longer finds `<module>.weight`. `q_proj.weight` renamed `q_proj.base_layer.weight` maps onto
+    `qkv_proj.base_layer.weight`: the fused layer is found through the model's
+    `packed_modules_mapping` (fused name -> its parts). Names of layers that aren't wrapped stay."""
+    wrapped = {p[: -len(".base_layer.weight")] for p in param_names if p.endswith(".base_layer.weight")}
+    if not wrapped:
+        return {}
+    fused = {part: whole for whole, parts in packed_modules.items() for part in parts}
+    out = {}
+    for name in names:
+        module, dot, leaf = name.rpartition(".")
+        if not dot or leaf not in ("weight", "bias"):
+            continue
+        parent, dot, last = module.rpartition(".")
+        if parent + dot + fused.get(last, last) in wrapped:
+            out[name] = f"{module}.base_layer.{leaf}"
+    return out
+
+
 class WeightLoaderExtension:
     """Mixed into vLLM's GPU worker (worker_extension_cls); its methods run in every worker
     process through `LLM.collective_rpc`."""
 
+    def _load(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        """The model's own load_weights, with the names of LoRA-wrapped layers mapped (lora_base_names)."""
+        model = self.model_runner.model
+        if not hasattr(self, "_grpo_names"):
+            self._grpo_names = ([n for n, _ in model.named_parameters()], getattr(model, "packed_modules_mapping", {}))
+        params, packed = self._grpo_names
+        renamed = lora_base_names([n for n, _ in weights], params, packed)
+        model.load_weights(weights=[(renamed.get(n, n), t) for n, t in weights] if renamed else weights)
+
     def grpo_load_weights(self, data: bytes, entries: list[TensorEntry]) -> int:
         weights = unpack_tensors(data, entries, self.device)
-        self.model_runner.model.load_weights(weights=weights)
+        self._load(weights)
         return len(weights)
 
     def grpo_load_ipc(self, ipc: tuple, entries: list, keep: bool) -> int:
@@ -235,7 +267,7 @@ class WeightLoaderExtension:
         (the trainer's long-lived buffer), else the mapping is dropped once copied."""
         buffer = cuda_ipc.open_buffer(cuda_ipc.IpcBuffer(*ipc), self.device, keep=keep)
         weights = cuda_ipc.views(buffer, [tuple(e) for e in entries])
-        self.model_runner.model.load_weights(weights=weights)
+        self._load(weights)
         torch.cuda.synchronize(self.device)   # the sender may reuse its buffer once we return
         return len(weights)
 

@@ -11,8 +11,8 @@ import torch
 
 from grpo_rollout import cuda_ipc
 from grpo_rollout.engine import SamplingParams
-from grpo_rollout.vllm_engine import (EXTENSION, llm_kwargs, pack_on_device, pack_tensors, sampling_kwargs,
-                                      samples_from_output, unpack_tensors)
+from grpo_rollout.vllm_engine import (EXTENSION, llm_kwargs, lora_base_names, pack_on_device, pack_tensors,
+                                      sampling_kwargs, samples_from_output, unpack_tensors)
 
 
 def completion(index, token_ids, logprobs, finish_reason):
@@ -148,3 +148,53 @@ def test_adapters_are_written_as_a_peft_folder_that_peft_loads_onto_the_base(tmp
     assert (vllm_max_lora_rank(4), vllm_max_lora_rank(64), vllm_max_lora_rank(100)) == (8, 64, 128)
     with pytest.raises(ValueError, match="spec.model.lora.rank 1024"):
         vllm_max_lora_rank(1024)
+
+
+# vLLM's Qwen3 with LoRA on: the fused layers' parameters as vLLM names them, wrapped or not.
+_PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+_STACKED = [("qkv_proj", "q_proj"), ("qkv_proj", "k_proj"), ("qkv_proj", "v_proj"),
+            ("gate_up_proj", "gate_proj"), ("gate_up_proj", "up_proj")]     # vLLM's Qwen2/3 stacked_params_mapping
+
+
+def _vllm_params(layers: int, lora: bool) -> list[str]:
+    wrap = ".base_layer" if lora else ""
+    out = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+    for i in range(layers):
+        p = f"model.layers.{i}"
+        out += [f"{p}.self_attn.qkv_proj{wrap}.weight", f"{p}.self_attn.o_proj{wrap}.weight",
+                f"{p}.self_attn.q_norm.weight", f"{p}.self_attn.k_norm.weight",
+                f"{p}.mlp.gate_up_proj{wrap}.weight", f"{p}.mlp.down_proj{wrap}.weight",
+                f"{p}.input_layernorm.weight", f"{p}.post_attention_layernorm.weight"]
+    return out
+
+
+def _hf_names(layers: int) -> list[str]:
+    out = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+    for i in range(layers):
+        p = f"model.layers.{i}"
+        out += [f"{p}.self_attn.{m}.weight" for m in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")]
+        out += [f"{p}.mlp.{m}.weight" for m in ("gate_proj", "up_proj", "down_proj")]
+        out += [f"{p}.input_layernorm.weight", f"{p}.post_attention_layernorm.weight"]
+    return out
+
+
+def _as_vllm_loads(name: str) -> str:
+    """The parameter vLLM's load_weights puts a weight of this name into (its substring mapping)."""
+    for fused, part in _STACKED:
+        if part in name:
+            return name.replace(part, fused)
+    return name
+
+
+def test_merged_weights_reach_the_base_layers_of_a_lora_enabled_vllm_model():
+    hf, params = _hf_names(2), _vllm_params(2, lora=True)
+    renamed = lora_base_names(hf, params, _PACKED)
+    # every adapted layer's weight is renamed, nothing else is
+    assert renamed["model.layers.1.self_attn.q_proj.weight"] == "model.layers.1.self_attn.q_proj.base_layer.weight"
+    assert renamed["model.layers.0.mlp.down_proj.weight"] == "model.layers.0.mlp.down_proj.base_layer.weight"
+    assert not {"model.embed_tokens.weight", "lm_head.weight", "model.layers.0.self_attn.q_norm.weight"} & set(renamed)
+    assert len(renamed) == 2 * 7
+    # and each lands on a parameter the LoRA model has, as vLLM's loader maps it
+    assert {_as_vllm_loads(renamed.get(n, n)) for n in hf} == set(params)
+    # without LoRA, nothing changes
+    assert lora_base_names(hf, _vllm_params(2, lora=False), _PACKED) == {}
