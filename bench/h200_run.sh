@@ -108,6 +108,8 @@ for phase in $PHASES; do
     judge-vllm)   SCRIPT=bench/reward_model_bench.py run judge-vllm 240 90 --judge $extra ;;
     # Issue 33: vLLM's own LoRA against merged weights (bench/vllm_lora_check.py; needs build).
     vllm-lora)    SCRIPT=bench/vllm_lora_check.py run vllm-lora 240 120 $extra ;;
+    # Issue 34 item 4: generation inside `grpo rollout` against the same engine called directly.
+    server-gen)   SCRIPT=bench/server_gen_profile.py run server-gen 420 200 $extra ;;
     vllm-check)   SCRIPT=bench/vllm_check.py run vllm-check 330 150 $extra ;;
     trl-vllm)     run trl-vllm 280 150 trl --vllm --warmup 1 --steps 2 $extra ;;
     # Issue 20, two GPUs (bench/x2_bench.py): the link, the nccl weight path and its abort, FSDP2
