@@ -740,7 +740,9 @@ RULES: tuple[Rule, ...] = (
           "buffer ends here)", _max_resp_len),
     Ignore("reward_model.overlong_buffer.log", "overlong-reward logging is not a setting here"),
     Ignore("reward_model.reward_kwargs.overlong_buffer_cfg.log", "overlong-reward logging is not a setting here"),
-    Refuse("reward_model.sandbox_fusion.url", "code-execution sandboxes are not supported", ok=(None,)),
+    Refuse("reward_model.sandbox_fusion.url", "SandboxFusion reward scoring is not supported: run the code in "
+           "spec.reward.function, or give the model the python tool (rollout.multiTurn, run in the job's sandbox "
+           "pods)", ok=(None,)),
     Ignore("reward_model.*", "reward-model serving knobs (micro batches, offload, strategy): the reward server "
            "batches by tokens"),
     # critic (used with adv_estimator=gae only, as in verl)

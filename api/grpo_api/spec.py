@@ -330,9 +330,10 @@ class CriticSpec(_Model):
 
 
 class PythonSandbox(_Model):
-    """Limits of the built-in `python` tool: each call runs the model's code in a fresh process
-    (rlimits, an empty temporary folder, no network where the host allows a network namespace;
-    docs/RELIABILITY.md says what it does and doesn't protect against)."""
+    """The built-in `python` tool: each call runs the model's code in a fresh process (rlimits, an
+    empty temporary folder, no network where the host allows a network namespace), in a sandbox
+    server of its own or in the rollout server (docs/RELIABILITY.md says what each protects
+    against and what it doesn't)."""
 
     timeout_seconds: float = Field(default=10.0, gt=0)
     """Wall-clock limit of one run; the process is killed after it."""
@@ -342,6 +343,12 @@ class PythonSandbox(_Model):
     """Address-space rlimit (RLIMIT_AS) in MiB."""
     max_processes: int = Field(default=0, ge=0)
     """Processes/threads the code may start beyond itself (RLIMIT_NPROC, per user: 0 forbids fork where the server runs as its own user)."""
+    replicas: int | None = Field(default=None, ge=0)
+    """Sandbox servers (`grpo sandbox`) that run the code away from the rollout servers, which hold the job's token, TLS key and storage credentials: on Kubernetes the Deployment `<job>-sandbox`, whose NetworkPolicy denies all egress and admits only the job's rollout pods; with `grpo run`, local processes. A call whose server fails goes to another one. 0: the code runs in a child process of the rollout server. null: 1 on Kubernetes, 0 with `grpo run`."""
+    concurrency: int = Field(default=4, ge=1)
+    """Programs one sandbox server runs at once (its pod's memory limit is concurrency x memoryMB + 256 MiB)."""
+    template: dict[str, Any] | None = None
+    """Partial pod template merged into the sandbox pods (nodeSelector, tolerations, resources...)."""
 
 
 class MultiTurnSpec(_Model):
@@ -379,6 +386,14 @@ class MultiTurnSpec(_Model):
         if len(set(tools)) != len(tools):
             raise ValueError(f"a tool is listed twice: {tools}")
         return tools
+
+    def sandbox_replicas(self, *, kubernetes: bool) -> int:
+        """The `python` tool's sandbox servers: none unless the agent loop runs it."""
+        if not (self.enable and "python" in self.tools):
+            return 0
+        if self.python.replicas is not None:
+            return self.python.replicas
+        return 1 if kubernetes else 0
 
 
 class RolloutSpec(_Model):

@@ -26,8 +26,8 @@ def _operator_errors(job) -> list[str]:
                                                            uid=job.metadata.uid or "grpo-validate")})
     settings = OperatorSettings()
     errors: list[str] = []
-    reward = lambda j, s: manifests.build_reward_deployments(j, s, rollout_replicas=1)  # noqa: E731
-    for build in (manifests.build_trainer_job, manifests.build_rollout_deployment, reward):
+    dependencies = lambda j, s: manifests.build_rollout_dependencies(j, s, rollout_replicas=1)  # noqa: E731
+    for build in (manifests.build_trainer_job, manifests.build_rollout_deployment, dependencies):
         try:
             build(named, settings)
         except TemplateError as exc:

@@ -225,17 +225,20 @@ class LocalRun:
         self.spec_path.write_text(dump_job(job))
         self.client_auth, self.rollout_env, self.trainer_env = _run_secrets(self.root)
         self.rollout_ports = [free_port() for _ in range(job.spec.rollout.replicas)]
-        self.rewards = self._reward_servers()       # issue 31: before the rollout servers, which call them
+        # Before the rollout servers, which call them: reward models (issue 31), the python sandbox (issue 32).
+        self.dependencies = [*self._reward_servers(), *self._sandbox_servers()]
         # Prometheus ports (--metrics): the trainer's, one per rollout server. Without it the trainer
         # serves none and each rollout server picks any free port (0), as before.
         self.trainer_metrics_port = free_port() if metrics else None
         self.rollout_metrics_ports = [free_port() if metrics else 0 for _ in self.rollout_ports]
         grpo = grpo_command()
-        reward_args = [arg for name, ports in self.reward_ports.items()
+        client_args = [arg for name, ports in self.reward_ports.items()
                        for arg in ("--reward-model", f"{name}=" + ",".join(f"127.0.0.1:{p}" for p in ports))]
+        if self.sandbox_ports:
+            client_args += ["--sandbox", ",".join(f"127.0.0.1:{p}" for p in self.sandbox_ports)]
         self.rollouts = [
             Child(f"rollout-{i}", [*grpo, "rollout", "--spec", str(self.spec_path), "--port", str(port),
-                                   "--metrics-port", str(mport), "--worker-id", f"rollout-{i}", *reward_args],
+                                   "--metrics-port", str(mport), "--worker-id", f"rollout-{i}", *client_args],
                   self.logs / f"rollout-{i}.log")
             for i, (port, mport) in enumerate(zip(self.rollout_ports, self.rollout_metrics_ports))]
         addresses = ",".join(f"127.0.0.1:{p}" for p in self.rollout_ports)
@@ -247,38 +250,57 @@ class LocalRun:
         if metrics:
             self._write_metrics_targets()
 
-    def _reward_servers(self) -> list[Child]:
+    def _reward_servers(self) -> list[tuple[Child, int, str]]:
         """`replicas` reward servers per spec.reward.rewardModels entry, on loopback with the run's
         token and certificate; the rollout servers reach them with the run's CA."""
-        from grpo_api import rpc
         self.reward_ports: dict[str, list[int]] = {}
-        children = []
+        servers = []
         for m in self.job.spec.reward.reward_models:
             self.reward_ports[m.name] = [free_port() for _ in range(m.replicas)]
-            children += [Child(f"reward-{m.name}-{r}", [*grpo_command(), "reward", "--spec", str(self.spec_path),
+            servers += [(Child(f"reward-{m.name}-{r}", [*grpo_command(), "reward", "--spec", str(self.spec_path),
                                                         "--model", m.name, "--port", str(port), "--metrics-port", "-1"],
-                               self.logs / f"reward-{m.name}-{r}.log")
-                         for r, port in enumerate(self.reward_ports[m.name])]
-        if children:
+                               self.logs / f"reward-{m.name}-{r}.log"), port, "reward")
+                        for r, port in enumerate(self.reward_ports[m.name])]
+        self._trust_run_ca(servers)
+        return servers
+
+    def _sandbox_servers(self) -> list[tuple[Child, int, str]]:
+        """spec.rollout.multiTurn.python.replicas sandbox servers (`grpo sandbox`, the python tool's
+        programs), on loopback with the run's token and certificate."""
+        self.sandbox_ports = [free_port() for _ in range(self.job.spec.rollout.multi_turn.sandbox_replicas(
+            kubernetes=False))]
+        servers = [(Child(f"sandbox-{r}", [*grpo_command(), "sandbox", "--spec", str(self.spec_path), "--port",
+                                           str(port), "--metrics-port", "-1"], self.logs / f"sandbox-{r}.log"),
+                    port, "sandbox") for r, port in enumerate(self.sandbox_ports)]
+        self._trust_run_ca(servers)
+        return servers
+
+    def _trust_run_ca(self, servers: list) -> None:
+        """The rollout servers call these servers with the run's CA, as the trainer calls them."""
+        from grpo_api import rpc
+        if servers:
             self.rollout_env = {**self.rollout_env, rpc.TLS_CA_ENV: self.trainer_env[rpc.TLS_CA_ENV],
                                 rpc.TLS_SERVER_NAME_ENV: "localhost"}
-        return children
 
-    def _wait_rewards_ready(self, timeout: float = 600.0) -> None:
-        from grpo_api.proto import reward_pb2 as pb
-        from grpo_api.proto import reward_pb2_grpc
+    @property
+    def dependency_children(self) -> list[Child]:
+        return [child for child, _, _ in self.dependencies]
+
+    def _wait_dependencies_ready(self, timeout: float = 600.0) -> None:
+        from grpo_api.proto import reward_pb2, reward_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
         from grpo_api.rpc import rollout_channel
+        health = {"reward": lambda ch: reward_pb2_grpc.RewardStub(ch).Health(reward_pb2.RewardHealthRequest(), timeout=2),
+                  "sandbox": lambda ch: sandbox_pb2_grpc.SandboxStub(ch).Health(sandbox_pb2.SandboxHealthRequest(),
+                                                                                  timeout=2)}
         deadline = time.monotonic() + timeout
-        ports = [p for ps in self.reward_ports.values() for p in ps]
-        for child, port in zip(self.rewards, ports):
+        for child, port, kind in self.dependencies:
             channel = rollout_channel(f"127.0.0.1:{port}", self.client_auth)
-            stub = reward_pb2_grpc.RewardStub(channel)
             while True:
                 if child.proc.poll() is not None:
                     raise LaunchError(f"{child.name} exited with {child.proc.returncode}: "
                                       f"{_last_line(child.log_path)} (full log: {child.log_path})")
                 try:
-                    if stub.Health(pb.RewardHealthRequest(), timeout=2).ready:
+                    if health[kind](channel).ready:
                         break
                 except Exception:  # noqa: BLE001 - not listening yet
                     pass
@@ -328,9 +350,9 @@ class LocalRun:
             log.info("Run directory: %s", self.root)
             log.info("Launching %d rollout server(s) (%s engine, n=%d per prompt)...", len(self.rollouts),
                      self.job.spec.rollout.engine, self.job.spec.rollout.n)
-            for child in self.rewards:
+            for child in self.dependency_children:
                 child.start(self.rollout_env)
-            self._wait_rewards_ready()
+            self._wait_dependencies_ready()
             for child in self.rollouts:
                 child.start(self.rollout_env)
             self._wait_ready()
@@ -351,7 +373,7 @@ class LocalRun:
                 if code:
                     log.error("Trainer exited with code %d", code)
                 return code
-            for child in [*self.rewards, *self.rollouts]:
+            for child in [*self.dependency_children, *self.rollouts]:
                 if child.proc.poll() is not None:
                     if child.restarts >= MAX_ROLLOUT_RESTARTS:
                         log.error("%s died %d times; stopping the run (see %s)", child.name, child.restarts,
@@ -364,7 +386,7 @@ class LocalRun:
             time.sleep(0.5)
 
     def stop_all(self) -> None:
-        for child in [self.trainer, *self.rollouts, *self.rewards]:
+        for child in [self.trainer, *self.rollouts, *self.dependency_children]:
             child.stop()
 
 

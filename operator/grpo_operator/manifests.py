@@ -15,6 +15,9 @@ input always gives the same dict; the reconciler applies them (reconciler.Reconc
     <job>-rm-<name> Deployment  a reward model's servers (spec.reward.rewardModels[], `grpo reward`)
     <job>-rm-<name> Service     headless; the rollout servers dial it (gRPC's dns resolver, round robin)
     <job>-reward    NetworkPolicy  only the job's rollout pods reach the reward servers' gRPC
+    <job>-sandbox   Deployment  the `python` tool's sandbox servers (spec.rollout.multiTurn.python, `grpo sandbox`)
+    <job>-sandbox   Service     headless; the rollout servers dial it
+    <job>-sandbox   NetworkPolicy  no egress at all; ingress only from the job's rollout pods
     <job>           PodMonitor  when the monitoring.coreos.com CRDs exist
     <job>-trainer   PodGroup    with spec.runPolicy.schedulingPolicy (gang scheduling)
 
@@ -44,7 +47,8 @@ from grpo_api.spec import GRPOJob, ObjectMeta
 from grpo_api.storage import job_root
 
 from grpo_operator import names
-from grpo_operator.names import GRPC_PORT, MASTER_PORT, METRICS_PORT, REWARD, ROLLOUT, SPEC_DIR, SPEC_PATH, TRAINER
+from grpo_operator.names import (GRPC_PORT, MASTER_PORT, METRICS_PORT, REWARD, ROLLOUT, SANDBOX, SPEC_DIR, SPEC_PATH,
+                                 TRAINER)
 from grpo_operator.pki import JobTLS
 from grpo_operator.settings import OperatorSettings
 from grpo_operator.templates import merge_pod_template
@@ -136,6 +140,14 @@ def build_reward_service(job: GRPOJob, settings: OperatorSettings, model: str) -
     return service
 
 
+def build_sandbox_service(job: GRPOJob, settings: OperatorSettings) -> dict[str, Any]:
+    """The python tool's sandbox servers; only ready ones are in DNS."""
+    return _headless(job, names.sandbox_name(job.metadata.name), SANDBOX, [
+        {"name": "grpc", "port": GRPC_PORT, "targetPort": GRPC_PORT, "protocol": "TCP"},
+        {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT, "protocol": "TCP"},
+    ], publish_not_ready=False)
+
+
 # --- pods ------------------------------------------------------------------------------------
 
 def _security(settings: OperatorSettings) -> tuple[dict, dict]:
@@ -206,9 +218,17 @@ def _resources(base: dict[str, Any], gpus: int, settings: OperatorSettings) -> d
 
 def _pod_template(job: GRPOJob, settings: OperatorSettings, role: str, container: dict[str, Any], *,
                   grace: int, override: dict | None, extra_labels: dict[str, str] | None = None,
-                  template_field: str | None = None, fetch_model: bool = True, **spec: Any) -> dict[str, Any]:
+                  template_field: str | None = None, fetch_model: bool = True,
+                  scratch: tuple[dict, dict] | None = None, **spec: Any) -> dict[str, Any]:
+    """scratch: (volume, mount) in place of the shared-memory volume, and a read-only root
+    filesystem (the sandbox pods)."""
     pod_security, container_security = _security(settings)
+    if scratch:
+        container_security = {**container_security, "readOnlyRootFilesystem": True}
     m = job.metadata
+    scratch_volume, scratch_mount = scratch or ({"name": _SHM_VOLUME, "emptyDir": {"medium": "Memory",
+                                                                                  "sizeLimit": settings.shm_size}},
+                                                {"name": _SHM_VOLUME, "mountPath": "/dev/shm"})
     container = {
         **container,
         "imagePullPolicy": settings.image_pull_policy,
@@ -216,8 +236,7 @@ def _pod_template(job: GRPOJob, settings: OperatorSettings, role: str, container
         # the job's event and condition, which outlive the pod.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_security,
-        "volumeMounts": [{"name": _SPEC_VOLUME, "mountPath": SPEC_DIR, "readOnly": True},
-                         {"name": _SHM_VOLUME, "mountPath": "/dev/shm"}],
+        "volumeMounts": [{"name": _SPEC_VOLUME, "mountPath": SPEC_DIR, "readOnly": True}, scratch_mount],
     }
     template = {
         "metadata": {"labels": {**names.labels(m.name, role), **(extra_labels or {})}},
@@ -227,7 +246,7 @@ def _pod_template(job: GRPOJob, settings: OperatorSettings, role: str, container
             "volumes": [
                 {"name": _SPEC_VOLUME, "configMap": {"name": names.config_map_name(m.name),
                                                      "items": [{"key": names.SPEC_KEY, "path": names.SPEC_KEY}]}},
-                {"name": _SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size}},
+                scratch_volume,
             ],
             "securityContext": pod_security,
             "terminationGracePeriodSeconds": grace,
@@ -384,7 +403,7 @@ def build_rollout_deployment(job: GRPOJob, settings: OperatorSettings, *, replic
         "command": ["grpo"],
         "args": ["rollout", "--spec", SPEC_PATH, "--port", str(GRPC_PORT), "--metrics-port", str(METRICS_PORT),
                  "--worker-id", "$(POD_NAME)"],
-        "env": [*_common_env(job), *_rollout_secrets(job), *_reward_client_env(job), *_log_uri_env(job)],
+        "env": [*_common_env(job), *_rollout_secrets(job), *_client_env(job), *_log_uri_env(job)],
         "ports": [{"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "resources": _resources(settings.rollout_resources, rollout_gpus(job), settings),
@@ -414,16 +433,23 @@ def build_rollout_deployment(job: GRPOJob, settings: OperatorSettings, *, replic
     }}
 
 
-def _reward_client_env(job: GRPOJob) -> list[dict[str, Any]]:
-    """With reward models, the rollout servers call them: where (one dns:/// name per model) and the
-    job's CA to check them by (the name checked is the Service's, which the certificate carries)."""
+def _client_env(job: GRPOJob) -> list[dict[str, Any]]:
+    """The servers the rollout servers call: the reward models' (one dns:/// name per model) and the
+    python tool's sandbox servers, with the job's CA to check them by (the name checked is the
+    Service's, which the certificate carries)."""
     m = job.metadata
+    env = []
     models = [rm.name for rm in job.spec.reward.reward_models]
-    if not models:
-        return []
-    return [{"name": names.REWARD_ADDRESSES_ENV,
-             "value": ";".join(f"{model}={names.reward_address(m.name, m.namespace, model)}" for model in models)},
-            _from_secret(job, TLS_CA_ENV, names.CA_CERT_KEY)]
+    if models:
+        env.append({"name": names.REWARD_ADDRESSES_ENV,
+                    "value": ";".join(f"{model}={names.reward_address(m.name, m.namespace, model)}" for model in models)})
+    if sandbox_replicas(job):
+        env.append({"name": names.SANDBOX_ADDRESSES_ENV, "value": names.sandbox_address(m.name, m.namespace)})
+    return [*env, _from_secret(job, TLS_CA_ENV, names.CA_CERT_KEY)] if env else []
+
+
+def sandbox_replicas(job: GRPOJob) -> int:
+    return job.spec.rollout.multi_turn.sandbox_replicas(kubernetes=True)
 
 
 def build_reward_deployment(job: GRPOJob, settings: OperatorSettings, index: int, *, replicas: int | None = None
@@ -477,11 +503,57 @@ def build_reward_deployment(job: GRPOJob, settings: OperatorSettings, index: int
     }}
 
 
-def build_reward_deployments(job: GRPOJob, settings: OperatorSettings, *, rollout_replicas: int
-                             ) -> list[dict[str, Any]]:
-    """Every reward model's Deployment; at zero whenever the rollout servers, their only callers, are."""
-    return [build_reward_deployment(job, settings, i, replicas=None if rollout_replicas else 0)
-            for i in range(len(job.spec.reward.reward_models))]
+def build_sandbox_deployment(job: GRPOJob, settings: OperatorSettings, *, replicas: int | None = None
+                             ) -> dict[str, Any]:
+    """The python tool's sandbox servers, `grpo sandbox` in the rollout image, for model-written code
+    (docs/RELIABILITY.md). Least privilege: the job's token and server certificate (to serve the
+    rollout servers), nothing else: no storage credentials, no checkpoint key, no model, no
+    service-account token, a read-only root filesystem with a size-limited /tmp; the
+    `<job>-sandbox` NetworkPolicy lets nothing out. The memory limit fits `concurrency` programs
+    at their address-space limit. `replicas` defaults to spec.rollout.multiTurn.python's."""
+    m, py = job.metadata, job.spec.rollout.multi_turn.python
+    name = names.sandbox_name(m.name)
+    memory = f"{py.concurrency * py.memory_mb + 256}Mi"
+    container = {
+        "name": SANDBOX,
+        "image": settings.rollout_image,
+        "command": ["grpo"],
+        "args": ["sandbox", "--spec", SPEC_PATH, "--port", str(GRPC_PORT), "--metrics-port", str(METRICS_PORT)],
+        "env": [_from_secret(job, TOKEN_ENV, names.TOKEN_KEY),
+                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "TMPDIR", "value": "/tmp"},
+                *_rollout_secrets(job)],
+        "ports": [{"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"},
+                      "limits": {"cpu": str(py.concurrency), "memory": memory}},
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": "metrics"},
+                           "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3},
+        "livenessProbe": {"httpGet": {"path": "/live", "port": "metrics"},
+                          "periodSeconds": 30, "timeoutSeconds": 5, "failureThreshold": 2},
+    }
+    # Each program may write 64 files of 16 MiB (its rlimits): /tmp holds every slot's worth.
+    scratch = ({"name": "tmp", "emptyDir": {"sizeLimit": f"{py.concurrency}Gi"}}, {"name": "tmp", "mountPath": "/tmp"})
+    template = _pod_template(job, settings, SANDBOX, container, grace=10, override=py.template,
+                             template_field="spec.rollout.multiTurn.python.template", fetch_model=False,
+                             scratch=scratch)
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(job, name, SANDBOX), "spec": {
+        "replicas": sandbox_replicas(job) if replicas is None else replicas,
+        "selector": {"matchLabels": names.selector(m.name, SANDBOX)},
+        "revisionHistoryLimit": 2,
+        "template": template,
+    }}
+
+
+def build_rollout_dependencies(job: GRPOJob, settings: OperatorSettings, *, rollout_replicas: int
+                               ) -> list[dict[str, Any]]:
+    """The Deployments of the servers the rollout servers call: every reward model's and the python
+    tool's sandbox; at zero whenever the rollout servers, their only callers, are."""
+    deployments = [build_reward_deployment(job, settings, i, replicas=None if rollout_replicas else 0)
+                   for i in range(len(job.spec.reward.reward_models))]
+    if sandbox_replicas(job):
+        deployments.append(build_sandbox_deployment(job, settings, replicas=None if rollout_replicas else 0))
+    return deployments
 
 
 # --- network and monitoring ------------------------------------------------------------------
@@ -515,6 +587,20 @@ def build_reward_network_policy(job: GRPOJob, settings: OperatorSettings) -> dic
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": _meta(job, f"{m.name}-reward", REWARD),
             "spec": {"podSelector": reward, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [rollout], "ports": [{"protocol": "TCP", "port": GRPC_PORT}]},
+                                 {"from": [_scrapers(settings)], "ports": [{"protocol": "TCP", "port": METRICS_PORT}]}]}}
+
+
+def build_sandbox_network_policy(job: GRPOJob, settings: OperatorSettings) -> dict[str, Any]:
+    """The sandbox pods run model-written code: no egress at all (not even DNS), ingress to gRPC only
+    from this job's rollout pods and to the metrics port from the scrapers. Enforced by the
+    cluster's network plugin (one that implements NetworkPolicy's Egress)."""
+    m = job.metadata
+    rollout = {"podSelector": {"matchLabels": names.selector(m.name, ROLLOUT)}}
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _meta(job, names.sandbox_name(m.name), SANDBOX),
+            "spec": {"podSelector": {"matchLabels": names.selector(m.name, SANDBOX)},
+                     "policyTypes": ["Ingress", "Egress"], "egress": [],
                      "ingress": [{"from": [rollout], "ports": [{"protocol": "TCP", "port": GRPC_PORT}]},
                                  {"from": [_scrapers(settings)], "ports": [{"protocol": "TCP", "port": METRICS_PORT}]}]}}
 
@@ -578,10 +664,14 @@ def build_children(job: GRPOJob, settings: OperatorSettings, *, pod_monitor: boo
     children = [build_config_map(job, settings), build_trainer_service(job, settings),
                 build_rollout_service(job, settings),
                 *(build_reward_service(job, settings, rm.name) for rm in job.spec.reward.reward_models)]
+    if sandbox_replicas(job):
+        children.append(build_sandbox_service(job, settings))
     if settings.network_policy:
         children += [build_network_policy(job, settings), build_trainer_network_policy(job, settings)]
         if job.spec.reward.reward_models:
             children.append(build_reward_network_policy(job, settings))
+        if sandbox_replicas(job):
+            children.append(build_sandbox_network_policy(job, settings))
     if pod_monitor:
         children.append(build_pod_monitor(job, settings))
     if job.spec.run_policy.scheduling_policy is not None:

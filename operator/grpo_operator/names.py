@@ -19,12 +19,14 @@ ATTEMPT_LABEL = "grpo.dev/attempt"
 """On the trainer Job and its pods: the restart count the Job was created at, so a failure is
 counted once even when the operator dies between counting it and replacing the Job."""
 
-TRAINER, ROLLOUT, REWARD = "trainer", "rollout", "reward"
+TRAINER, ROLLOUT, REWARD, SANDBOX = "trainer", "rollout", "reward", "sandbox"
 REWARD_MODEL_LABEL = "grpo.dev/reward-model"
 """On a reward model's Deployment, Service and pods: spec.reward.rewardModels[].name."""
 REWARD_ADDRESSES_ENV = "GRPO_REWARD_ADDRESSES"
 """The rollout servers' list of reward servers (grpo_rollout.reward_client.ADDRESSES_ENV; the
 operator doesn't import the rollout package)."""
+SANDBOX_ADDRESSES_ENV = "GRPO_SANDBOX_ADDRESSES"
+"""The rollout servers' sandbox servers (grpo_rollout.tools.sandbox_client.ADDRESSES_ENV)."""
 
 KUEUE_LABELS = ("kueue.x-k8s.io/queue-name", "kueue.x-k8s.io/priority-class")
 """Kueue's labels, passed from the GRPOJob to its trainer Job as Kueue's own integrations pass
@@ -114,6 +116,22 @@ def reward_dns_names(job: str, namespace: str, models: list[str]) -> list[str]:
         out += [f"{service}.{namespace}.svc", service, f"{service}.{namespace}",
                 f"{service}.{namespace}.svc.cluster.local"]
     return out
+
+
+def sandbox_name(job: str) -> str:
+    """The `python` tool's sandbox Deployment, Service and NetworkPolicy (as long as `<job>-rollout`)."""
+    return f"{job}-sandbox"
+
+
+def sandbox_address(job: str, namespace: str) -> str:
+    """What a rollout server dials: the headless Service, every ready sandbox pod (round robin)."""
+    return f"dns:///{sandbox_name(job)}.{namespace}.svc:{GRPC_PORT}"
+
+
+def sandbox_dns_names(job: str, namespace: str) -> list[str]:
+    """The sandbox Service's names in the job's certificate (the rollout servers check the first)."""
+    service = sandbox_name(job)
+    return [f"{service}.{namespace}.svc", service, f"{service}.{namespace}", f"{service}.{namespace}.svc.cluster.local"]
 
 
 def reward_selector(job: str, model: str) -> dict[str, str]:

@@ -269,8 +269,8 @@ class Reconciler:
         if d.rollout_replicas is not None:
             if job is not None:
                 kube.apply(manifests.build_rollout_deployment(job, settings, replicas=d.rollout_replicas))
-                # The reward servers live as long as the rollout servers, their only callers.
-                for deployment in manifests.build_reward_deployments(job, settings,
+                # The reward and sandbox servers live as long as the rollout servers, their only callers.
+                for deployment in manifests.build_rollout_dependencies(job, settings,
                                                                      rollout_replicas=d.rollout_replicas):
                     kube.apply(deployment)
             else:
@@ -294,16 +294,16 @@ class Reconciler:
                             f"created trainer Job {names.trainer_name(name)} (attempt {d.create_trainer})")
         if d.delete_rollout:
             kube.delete("apps/v1", "Deployment", ns, names.rollout_name(name))
-            for deployment in _reward_deployments(obj):
+            for deployment in _dependent_deployments(obj):
                 kube.delete("apps/v1", "Deployment", ns, deployment)
         if d.delete_job:
             kube.delete(*GJ, ns, name)
 
     def _scale_rollout_to_zero(self, obj: dict) -> None:
         """Replicas alone, for a job whose spec became invalid (no manifest to apply): the rollout
-        Deployment and the reward models'."""
+        Deployment and those of the servers it calls."""
         ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
-        for deployment in [names.rollout_name(name), *_reward_deployments(obj)]:
+        for deployment in [names.rollout_name(name), *_dependent_deployments(obj)]:
             try:
                 self.kube.merge_patch("apps/v1", "Deployment", ns, deployment, {"spec": {"replicas": 0}})
             except KubeError as exc:
@@ -383,12 +383,18 @@ def _server_names(job: GRPOJob) -> list[str]:
     first) and each reward model's Service (the rollout servers dial those by name)."""
     m = job.metadata
     return [*names.rollout_dns_names(m.name, m.namespace),
-            *names.reward_dns_names(m.name, m.namespace, [rm.name for rm in job.spec.reward.reward_models])]
+            *names.reward_dns_names(m.name, m.namespace, [rm.name for rm in job.spec.reward.reward_models]),
+            *(names.sandbox_dns_names(m.name, m.namespace) if manifests.sandbox_replicas(job) else [])]
 
 
-def _reward_deployments(obj: dict) -> list[str]:
-    """The reward models' Deployments by the names in the API object's spec, read without parsing
-    it (a spec that became invalid still names them; the operator may not list Deployments)."""
-    models = ((obj.get("spec") or {}).get("reward") or {}).get("rewardModels") or []
-    return [names.reward_model_name(obj["metadata"]["name"], m["name"]) for m in models
-            if isinstance(m, dict) and isinstance(m.get("name"), str)]
+def _dependent_deployments(obj: dict) -> list[str]:
+    """The reward models' and the python sandbox's Deployments by the API object's spec, read without
+    parsing it (a spec that became invalid still names them; the operator may not list Deployments)."""
+    spec, name = obj.get("spec") or {}, obj["metadata"]["name"]
+    models = (spec.get("reward") or {}).get("rewardModels") or []
+    out = [names.reward_model_name(name, m["name"]) for m in models
+           if isinstance(m, dict) and isinstance(m.get("name"), str)]
+    tools = ((spec.get("rollout") or {}).get("multiTurn") or {}).get("tools") or []
+    if isinstance(tools, list) and "python" in tools:
+        out.append(names.sandbox_name(name))
+    return out

@@ -34,7 +34,7 @@ def parse_grpojob(obj: dict[str, Any], settings: OperatorSettings) -> tuple[GRPO
     try:
         manifests.build_trainer_job(job, settings)
         manifests.build_rollout_deployment(job, settings)
-        manifests.build_reward_deployments(job, settings, rollout_replicas=1)
+        manifests.build_rollout_dependencies(job, settings, rollout_replicas=1)
     except TemplateError as exc:
         errors.extend(exc.errors)
     return (None, errors) if errors else (job, [])

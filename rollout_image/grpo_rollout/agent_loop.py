@@ -228,19 +228,25 @@ class CustomAgentLoop:
         return groups
 
 
-def build_agent_loop(spec, engine: Engine) -> ToolAgentLoop | CustomAgentLoop | None:
+def build_agent_loop(spec, engine: Engine, sandbox=None) -> ToolAgentLoop | CustomAgentLoop | None:
     """The job's agent loop: rollout.agentLoop's class, the tool agent loop with
     rollout.multiTurn.enable, else None. A loop or tool that can't be loaded is a ValueError
-    naming it: the server refuses to start rather than serve without it."""
+    naming it: the server refuses to start rather than serve without it. sandbox: the `python`
+    tool's SandboxClient (None: its programs run in a child process of this server)."""
     from grpo_rollout.tools import load_tools
     if spec.rollout.agent_loop is not None:
         return CustomAgentLoop(spec.rollout.agent_loop, spec, engine)
     mt = spec.rollout.multi_turn
     if not mt.enable:
         return None
-    runner = ToolRunner(load_tools(mt), timeout_seconds=mt.tool_timeout_seconds,
-                        max_response_length=mt.max_tool_response_length, truncate_side=mt.tool_response_truncate_side)
-    log.info("agent loop: tools %s, maxParallelCalls %d", sorted(runner.tools), mt.max_parallel_calls)
+    # A thread per call in flight: enough to keep every sandbox server's slots busy.
+    workers = max(16, (mt.python.replicas or 1) * mt.python.concurrency) if sandbox else 16
+    runner = ToolRunner(load_tools(mt, sandbox), timeout_seconds=mt.tool_timeout_seconds,
+                        max_response_length=mt.max_tool_response_length, truncate_side=mt.tool_response_truncate_side,
+                        workers=workers)
+    where = f"sandbox servers {', '.join(sandbox.addresses)}" if sandbox else "child processes of this server"
+    log.info("agent loop: tools %s, maxParallelCalls %d%s", sorted(runner.tools), mt.max_parallel_calls,
+             f"; python runs on {where}" if "python" in runner.tools else "")
     return ToolAgentLoop(mt, engine, engine.tokenizer, runner, spec.data.max_response_length,
                          spec.data.max_prompt_length)
 

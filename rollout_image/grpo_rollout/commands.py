@@ -22,6 +22,12 @@ def reward(argv: list[str]) -> int:
     return main(argv)
 
 
+def sandbox(argv: list[str]) -> int:
+    """Run the `python` tool's programs for a job's rollout servers (spec.rollout.multiTurn.python)."""
+    from grpo_rollout.sandbox_server import main
+    return main(argv)
+
+
 def model(argv: list[str]) -> int:
     """Fetch a job's model into a cache folder, or write a tiny random-weight model (tests, quickstart)."""
     parser = argparse.ArgumentParser(prog="grpo model", description="Models: fetch a job's model into a cache "

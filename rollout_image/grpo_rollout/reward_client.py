@@ -10,20 +10,15 @@ rollout shard is scored exactly once, by one replica.
 
 from __future__ import annotations
 
-import itertools
-import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import grpc
-
 from grpo_api.proto import reward_pb2 as pb
 from grpo_api.proto import reward_pb2_grpc as pb_grpc
-from grpo_api.rpc import ClientAuth, rollout_channel
+from grpo_api.rpc import ClientAuth
 from grpo_api.spec import RewardModelSpec
-
-log = logging.getLogger(__name__)
+from grpo_rollout.replicas import Replicas, ReplicasUnavailable
 
 ADDRESSES_ENV = "GRPO_REWARD_ADDRESSES"
 """`name=host:port,host:port;name2=...`: where each reward model's servers listen."""
@@ -63,62 +58,32 @@ class RewardModelClient:
 
     def __init__(self, spec: RewardModelSpec, addresses: list[str], auth: ClientAuth | str, metrics=None,
                  retry_pause: float = 1.0):
-        if not addresses:
-            raise ValueError(f"reward model {spec.name}: no server address")
-        self.spec, self.addresses, self._auth, self.metrics = spec, list(addresses), auth, metrics
-        self._channels: dict[str, grpc.Channel] = {}
-        self._next = itertools.count()
-        self._pause = retry_pause
+        on_error = (lambda code: metrics.reward_model_error(spec.name, code)) if metrics else None
+        self.spec, self.metrics = spec, metrics
+        self.replicas = Replicas(f"reward model {spec.name}", addresses, auth, pb_grpc.RewardStub,
+                                 retry_pause=retry_pause, on_error=on_error)
         if metrics:
             metrics.reward_model_known(spec.name)
 
-    def _stub(self, address: str) -> pb_grpc.RewardStub:
-        if address not in self._channels:
-            # A dns:/// name (the operator's headless Service) spreads calls over its replicas.
-            self._channels[address] = rollout_channel(address, self._auth, round_robin=address.startswith("dns:"))
-        return pb_grpc.RewardStub(self._channels[address])
-
-    def _forget(self, address: str) -> None:
-        channel = self._channels.pop(address, None)
-        if channel is not None:
-            channel.close()
-
     def score(self, request_id: str, items: Sequence[ScoreItem]) -> list[pb.ItemScore]:
-        request = _request(request_id, items)
-        deadline = time.monotonic() + self.spec.timeout_seconds
-        start = next(self._next)
-        errors = []
-        for attempt in itertools.count():
-            address = self.addresses[(start + attempt) % len(self.addresses)]
-            started = time.monotonic()
-            try:
-                reply = self._stub(address).Score(request, timeout=self.spec.timeout_seconds)
-            except grpc.RpcError as exc:
-                errors.append(f"{address}: {exc.code().name} {exc.details()}")
-                log.warning("reward model %s on %s failed (%s): %s; trying the next replica", self.spec.name, address,
-                            exc.code().name, exc.details())
-                if self.metrics:
-                    self.metrics.reward_model_error(self.spec.name, exc.code().name)
-                self._forget(address)
-                if time.monotonic() >= deadline:
-                    raise RewardModelUnavailable(
-                        f"reward model {self.spec.name}: no replica scored the batch within "
-                        f"{self.spec.timeout_seconds:g}s (spec.reward.rewardModels[].timeoutSeconds); "
-                        f"last errors: {'; '.join(errors[-len(self.addresses):])}") from None
-                if (attempt + 1) % len(self.addresses) == 0:      # a whole round failed: let one come back
-                    time.sleep(self._pause)
-                continue
-            if len(reply.scores) != len(items):
-                raise RewardModelUnavailable(f"reward model {self.spec.name} on {address}: {len(reply.scores)} "
-                                             f"scores for {len(items)} items")
-            if self.metrics:
-                self.metrics.reward_model_scored(self.spec.name, len(items), time.monotonic() - started)
-            return list(reply.scores)
-        raise AssertionError("unreachable")
+        started = time.monotonic()
+        timeout = self.spec.timeout_seconds
+        try:
+            reply, address = self.replicas.call("Score", _request(request_id, items), attempt_timeout=timeout,
+                                                budget=timeout)
+        except ReplicasUnavailable as exc:
+            raise RewardModelUnavailable(
+                f"reward model {self.spec.name}: no replica scored the batch within {timeout:g}s "
+                f"(spec.reward.rewardModels[].timeoutSeconds); last errors: {exc}") from None
+        if len(reply.scores) != len(items):
+            raise RewardModelUnavailable(f"reward model {self.spec.name} on {address}: {len(reply.scores)} "
+                                         f"scores for {len(items)} items")
+        if self.metrics:
+            self.metrics.reward_model_scored(self.spec.name, len(items), time.monotonic() - started)
+        return list(reply.scores)
 
     def close(self) -> None:
-        for address in list(self._channels):
-            self._forget(address)
+        self.replicas.close()
 
 
 class RewardModels:

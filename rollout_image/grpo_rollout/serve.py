@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reward-model", action="append", default=[], metavar="NAME=HOST:PORT[,HOST:PORT]",
                    help="servers of a reward model of spec.reward.rewardModels (repeatable; default: "
                         "$GRPO_REWARD_ADDRESSES, 'name=host:port,...;name2=...')")
+    p.add_argument("--sandbox", action="append", default=[], metavar="HOST:PORT[,HOST:PORT]",
+                   help="sandbox servers (`grpo sandbox`) the python tool runs its programs on (repeatable; "
+                        "default: $GRPO_SANDBOX_ADDRESSES; none: in child processes of this server)")
     p.add_argument("--no-lora-adapters", dest="lora_adapters", action="store_false",
                    help="take a LoRA policy as merged weights, as vLLM does, not its adapters alone (the hf engine "
                         "then keeps no second copy of the adapted base weights; the trainer sends merged weights "
@@ -131,11 +134,12 @@ def _start(args, job, spec, token, tls, worker_id, metrics, rewards, holder):
     if model.tokenizer_path:
         check_local_model_path(model.tokenizer_path, "spec.model.tokenizerPath")
     reward_models = _reward_models(args, spec, token, metrics)
+    sandbox = _sandbox(args, spec, token)
     engine = build_engine(spec, model, device=_device(args.device))
     try:
         worker = RolloutWorker(spec=spec, engine=engine, rewards=rewards, storage=Storage(spec.storage),
                                worker_id=worker_id, metrics=metrics, reward_models=reward_models,
-                               lora_adapters=args.lora_adapters)
+                               lora_adapters=args.lora_adapters, sandbox=sandbox)
         holder["worker"] = worker
         return start_server(RolloutServicer(worker), token, host=args.host, port=args.port, tls=tls)
     except BaseException:
@@ -153,6 +157,18 @@ def _reward_models(args, spec, token, metrics):
     text = ";".join(args.reward_model) or os.environ.get(ADDRESSES_ENV, "")
     auth = client_auth() if os.environ.get("GRPO_TLS_CA") else token
     return RewardModels(spec.reward.reward_models, parse_addresses(text), auth, metrics)
+
+
+def _sandbox(args, spec, token):
+    """The client of the python tool's sandbox servers (issue 32), None when it runs here."""
+    from grpo_rollout.tools.sandbox_client import SandboxClient, sandbox_addresses
+    addresses = sandbox_addresses(args.sandbox)
+    mt = spec.rollout.multi_turn
+    if not addresses or not (mt.enable and "python" in mt.tools):
+        return None
+    from grpo_api.rpc import client_auth
+    auth = client_auth() if os.environ.get("GRPO_TLS_CA") else token
+    return SandboxClient(mt, addresses, auth)
 
 
 def build_engine(spec, model, *, device: str):

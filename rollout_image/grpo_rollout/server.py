@@ -7,6 +7,7 @@ version, weights being updated) -> FAILED_PRECONDITION, anything else -> INTERNA
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
@@ -122,7 +123,8 @@ class RolloutServicer(pb_grpc.RolloutServicer):
                             policy_version=self.worker.weights.version, capacity=i.capacity,
                             num_parameters=i.num_parameters, device=i.device,
                             device_uuid=cuda_ipc.device_uuid(self.worker.engine.device),
-                            accepts_lora_adapters=self.worker.weights.accepts_lora_adapters)
+                            accepts_lora_adapters=self.worker.weights.accepts_lora_adapters,
+                            tool_schemas_json=json.dumps(schemas) if (schemas := self.worker.tool_schemas()) else "")
 
 
 def start_server(servicer: RolloutServicer, token: str, *, host: str = "[::]", port: int = 0,

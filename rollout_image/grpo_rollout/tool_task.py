@@ -19,6 +19,9 @@ from pathlib import Path
 from grpo_rollout import tiny
 
 CALL_TOKEN = '<tool_call>{"name": "lookup", "arguments": {}}</tool_call>'
+PYTHON_CALL_TOKEN = '<tool_call>{"name": "python", "arguments": {"code": "import os; print(len(os.listdir()))"}}</tool_call>'
+"""A call of the built-in `python` tool, for models that should also run code (the sandbox tests):
+it prints 1, the program's fresh folder holding only itself."""
 DATA_SOURCE = "openai/gsm8k"        # scored by verl's GSM8K rule, as the quickstart
 PROMPTS = ["answer #### and the digit", "the digit is hidden answer with #### then the digit",
            "copy the digit then answer ####"]
@@ -30,14 +33,14 @@ def lookup(*, digit: str) -> str:
     return str(digit)
 
 
-def build_model(out_dir: str | Path, seed: int = 0) -> Path:
-    """tiny's model with the call token and the tool role in its vocabulary."""
+def build_model(out_dir: str | Path, seed: int = 0, calls: tuple[str, ...] = (CALL_TOKEN,)) -> Path:
+    """tiny's model with the call tokens (`calls`) and the tool role in its vocabulary."""
     from tokenizers import AddedToken
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tiny.build_tiny_model(out_dir, vocab=WORDS, seed=seed)
     tok = AutoTokenizer.from_pretrained(out)
-    tok.add_tokens([AddedToken(CALL_TOKEN, special=False, normalized=False, single_word=False)])
+    tok.add_tokens([AddedToken(call, special=False, normalized=False, single_word=False) for call in calls])
     model = AutoModelForCausalLM.from_pretrained(out)
     model.resize_token_embeddings(len(tok), mean_resizing=False)
     model.save_pretrained(out)

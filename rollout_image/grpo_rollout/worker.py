@@ -91,8 +91,10 @@ def resolve_sampling(spec: GRPOJobSpec, job: GenerateJob) -> SamplingParams:
 
 class RolloutWorker:
     def __init__(self, *, spec: GRPOJobSpec, engine: Engine, rewards: RewardPool, storage: Storage,
-                 worker_id: str, metrics: RolloutMetrics, reward_models=None, lora_adapters: bool = True):
-        """lora_adapters: take a LoRA policy's adapters alone when the engine can (grpo_rollout.weights)."""
+                 worker_id: str, metrics: RolloutMetrics, reward_models=None, lora_adapters: bool = True,
+                 sandbox=None):
+        """lora_adapters: take a LoRA policy's adapters alone when the engine can (grpo_rollout.weights).
+        sandbox: the `python` tool's sandbox servers (tools.sandbox_client.SandboxClient), or None."""
         self.spec = spec
         self.engine = engine
         self.rewards = rewards
@@ -102,7 +104,7 @@ class RolloutWorker:
         self.metrics = metrics
         self.engine_lock = threading.Lock()  # generation and weight loading take turns
         self.weights = WeightReceiver(engine, self.engine_lock, metrics, lora_adapters=lora_adapters)
-        self.agent_loop = build_agent_loop(spec, engine)   # rollout.multiTurn: tool-using trajectories
+        self.agent_loop = build_agent_loop(spec, engine, sandbox)   # rollout.multiTurn: tool-using trajectories
         metrics.set_policy_version(engine.policy_version)
 
     def health(self) -> Health:
@@ -118,6 +120,10 @@ class RolloutWorker:
 
     def info(self) -> EngineInfo:
         return self.engine.info()
+
+    def tool_schemas(self) -> list[dict]:
+        """The tools a tool agent's prompt is rendered with (none without the tool agent loop)."""
+        return list(getattr(self.agent_loop, "schemas", None) or [])
 
     def generate(self, job: GenerateJob) -> GenerateResult:
         params = resolve_sampling(self.spec, job)

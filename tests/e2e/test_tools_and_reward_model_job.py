@@ -1,9 +1,13 @@
 """A GRPOJob with multi-turn tool rollouts and a reward model (issues 31 and 32) on the real node,
 from the images the Dockerfiles build: the rollout pods run the agent loop (the lookup task's
-`lookup` tool, grpo_rollout.tool_task), the operator serves the reward model (a tiny classifier)
-as its own Deployment and Service, the rollout pods score every trajectory with it over gRPC,
-and its score is added to the rule's (combine: sum). One job for both: a job each would double
-the suite's slowest kind of test."""
+`lookup` tool, grpo_rollout.tool_task, and the built-in `python`, whose programs run in the job's
+sandbox pod: its own Deployment, Service and deny-all-egress NetworkPolicy), the operator serves
+the reward model (a tiny classifier) as its own Deployment and Service, the rollout pods score
+every trajectory with it over gRPC, and its score is added to the rule's (combine: sum). One job
+for all: a job each would double the suite's slowest kind of test.
+
+The node's network plugin (CNI bridge) does not enforce NetworkPolicy: the test checks the policy
+the operator writes, not that the sandbox pod is cut off."""
 
 from __future__ import annotations
 
@@ -30,8 +34,8 @@ RM_WEIGHT = 0.5
 def _lookup_assets(cluster, models):
     """The lookup task's model and the tiny reward model in the mounted folder, its data in S3."""
     from grpo_rollout import tiny, tool_task
-    if not (models / "lookup" / "config.json").exists():
-        tool_task.build_model(models / "lookup")
+    if not (models / "lookup-python" / "config.json").exists():
+        tool_task.build_model(models / "lookup-python", calls=(tool_task.CALL_TOKEN, tool_task.PYTHON_CALL_TOKEN))
         data = cluster.node.dir / "lookup-data"
         tool_task.write_dataset(data, n_train=256, n_val=16)
         fs = cluster.s3()
@@ -58,12 +62,12 @@ def test_a_job_with_tools_and_a_reward_model_runs_both_in_its_pods(cluster, oper
     ns, name = new_namespace(cluster), "agent-rm"
     job = quickstart_job(name, cluster, models, steps=STEPS, saveFreq=10)
     spec = job["spec"]
-    spec["model"]["path"] = f"{MODELS_MOUNT}/lookup"
+    spec["model"]["path"] = f"{MODELS_MOUNT}/lookup-python"
     spec["data"].update({"trainFiles": [f"s3://{LOOKUP_DATA}/train.parquet"],
                          "valFiles": [f"s3://{LOOKUP_DATA}/test.parquet"],
                          "trainBatchSize": 16, "maxPromptLength": 24, "maxResponseLength": 14})
     spec["trainer"].update({"miniBatchSize": 16, "microBatchSizePerGPU": 128, "valBeforeTrain": False})
-    spec["rollout"]["multiTurn"] = {"enable": True, "tools": ["grpo_rollout.tool_task:lookup"],
+    spec["rollout"]["multiTurn"] = {"enable": True, "tools": ["grpo_rollout.tool_task:lookup", "python"],
                                     "maxAssistantTurns": 3}
     spec["reward"] = {
         "function": "grpo_rollout.tool_task:compute_score", "combine": "sum",
@@ -76,6 +80,17 @@ def test_a_job_with_tools_and_a_reward_model_runs_both_in_its_pods(cluster, oper
                                                       .get("status") or {}).get("readyReplicas"),
              timeout=600, interval=3, diagnose=describe(cluster, ns, name))
     assert cluster.get("service", f"{name}-rm-rm", "-n", ns)["spec"]["clusterIP"] == "None"   # headless
+    # So is the python tool's sandbox (one replica by default on Kubernetes), cut off by its policy.
+    wait_for("the sandbox's ready pod", lambda: (cluster.get("deployment", f"{name}-sandbox", "-n", ns)
+                                                 .get("status") or {}).get("readyReplicas"),
+             timeout=600, interval=3, diagnose=describe(cluster, ns, name))
+    policy = cluster.get("networkpolicy", f"{name}-sandbox", "-n", ns)["spec"]
+    assert policy["policyTypes"] == ["Ingress", "Egress"] and not policy.get("egress"), policy
+    # The rollout pods' python programs run there (its log goes with the pod, which has no storage
+    # credentials to keep it: read it while the job trains).
+    wait_for("a program run in the sandbox pod", lambda: ": ok in " in cluster.kubectl(
+        "logs", "-n", ns, f"deployment/{name}-sandbox", check=False).stdout,
+             timeout=900, interval=3, diagnose=describe(cluster, ns, name))
     # While it runs, `helm uninstall` is refused by the chart's pre-delete hook (issue 36): the
     # release stays, and the hook's log names the job.
     refused = subprocess.run([cluster.helm_bin, "--kubeconfig", str(cluster.kubeconfig), "uninstall", "grpo",
@@ -103,8 +118,10 @@ def test_a_job_with_tools_and_a_reward_model_runs_both_in_its_pods(cluster, oper
     assert called, "no trajectory called the tool"
     for s in called:
         calls = json.loads(s["agent"])["tool_calls"]
-        assert calls and all(c["name"] == "lookup" and not c["error"] for c in calls), calls
+        assert calls and all(c["name"] in ("lookup", "python") and not c["error"] for c in calls), calls
         assert 0 in s["response_mask"] and len(s["response_mask"]) == len(s["response_ids"])
+    assert any(c["name"] == "python" for step in range(1, STEPS + 1) for s in _accepted_rollouts(fs, run, step)
+               .to_pylist() for c in json.loads(s["agent"])["tool_calls"]), "no trajectory called python"
     # every sample was scored by the reward model's pod and its score added to the rule's
     for s in samples:
         extra = json.loads(s["reward_extra"])
@@ -118,4 +135,5 @@ def test_a_job_with_tools_and_a_reward_model_runs_both_in_its_pods(cluster, oper
         texts = [fs.open_input_stream(i.path).read().decode() for i in infos if i.base_name.startswith(f"{name}-rollout-")]
         return [t for t in texts if "stopping: letting running calls finish" in t]
     logs = wait_for("the rollout pod's kept log", kept_logs, timeout=120, interval=3)
-    assert any("rollout server" in t and "agent loop: tools ['lookup']" in t for t in logs), logs[0][-3000:]
+    assert any("rollout server" in t and "agent loop: tools ['lookup', 'python']" in t
+               and f"python runs on sandbox servers dns:///{name}-sandbox.{ns}.svc:50051" in t for t in logs), logs[0][-3000:]

@@ -132,3 +132,44 @@ def test_a_failing_tool_does_not_stop_the_run(lookup_task, tmp_path, tool):
     assert calls and all(c["error"] == ("crash" if tool == "explode" else "timeout") for c in calls)
     assert all(r["reward"] == 0.0 for r in rows if json.loads(r["agent"])["tool_calls"])
     assert read_metrics(root)[0]["tool_calls/errors"] == len(calls)
+
+
+def test_filter_overlong_prompts_counts_the_tools_the_rollout_servers_report(lookup_task, tmp_path):
+    """The trainer asks a rollout server (Info) for the tools it renders a tool agent's prompt with,
+    and measures each prompt with them, as verl's dataset does: with a chat template that writes a
+    tools block, the rows that fit only without it are filtered, exactly those."""
+    import shutil
+
+    import yaml
+    from transformers import AutoTokenizer
+
+    from grpo_api.spec import MultiTurnSpec
+    from grpo_rollout import tiny, tool_task
+    from grpo_rollout.tools import load_tools
+    model, train = lookup_task
+    model = shutil.copytree(model, tmp_path / "model")
+    tok = AutoTokenizer.from_pretrained(model)
+    tok.chat_template = ("{%- if tools %}{{- '<|im_start|>system\\n' }}{%- for t in tools %}"
+                         "{{- t.function.name + ' ' }}{%- endfor %}{{- '<|im_end|>\\n' }}{%- endif %}" + tiny.CHAT_TEMPLATE)
+    tok.save_pretrained(model)
+    schemas = [t.schema for _, t in sorted(load_tools(MultiTurnSpec(tools=["grpo_rollout.tool_task:lookup"])).items())]
+
+    def length(messages, tools=None):
+        return len(tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)["input_ids"])
+    rows = tool_task.make_rows(1024, "train", 0)          # what write_dataset wrote
+    limit = max(length(r["prompt"]) for r in rows)        # every row fits without the tools
+    expected = sum(length(r["prompt"], schemas) > limit for r in rows)
+    assert 0 < expected < len(rows) - 64
+
+    job = lookup_job(tmp_path, "tool-filter", model, train, lr=2e-3, steps=1)
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["data"].update(maxPromptLength=limit, filterOverlongPrompts=True)
+    job.write_text(yaml.safe_dump(doc))
+    token = secrets.token_hex(16)
+    [server] = start_rollout_servers(job, token, 1, tmp_path)
+    try:
+        result = run_trainer(job, rollout=server.address, token=token, nproc=1, timeout=900)
+    finally:
+        server.stop()
+    assert result.returncode == 0, result.output[-6000:]
+    assert f"Filtered {expected} overlong prompts (data.filterOverlongPrompts)" in result.output, result.output[-6000:]

@@ -646,16 +646,27 @@ def test_a_reward_pod_that_cannot_start_is_in_the_status_and_kubectl_get(k, cont
     assert (wide[0]["PHASE"], wide[0]["REASON"]) == ("Pending", "ErrImagePull"), wide
 
 
-def test_suspend_removes_the_reward_deployments_and_resume_recreates_them(k):
-    k.create(**{"reward.rewardModels": REWARD_MODELS[:1]})
-    eventually(lambda: _read(k.apps.read_namespaced_deployment, "demo-rm-skywork", k.ns), what="the reward Deployment")
+def test_suspend_removes_the_reward_and_sandbox_deployments_and_resume_recreates_them(k):
+    """The python tool's sandbox pool (issue 32) lives as the reward servers do: the API server
+    admits its fields, its Deployment, Service and deny-all-egress NetworkPolicy are the job's, and
+    suspend removes it with the rollout servers, its only callers."""
+    k.create(**{"reward.rewardModels": REWARD_MODELS[:1],
+                "rollout.multiTurn": {"enable": True, "tools": ["python"], "python": {"replicas": 2}}})
+    for name in ("demo-rm-skywork", "demo-sandbox"):
+        eventually(lambda n=name: _read(k.apps.read_namespaced_deployment, n, k.ns), what=f"the Deployment {name}")
+    policy = k.net.read_namespaced_network_policy("demo-sandbox", k.ns).spec
+    assert policy.policy_types == ["Ingress", "Egress"] and not policy.egress
+    rollout_env = {e.name: e for e in k.deployment().spec.template.spec.containers[0].env}
+    assert rollout_env["GRPO_SANDBOX_ADDRESSES"].value == f"dns:///demo-sandbox.{k.ns}.svc:50051"
     k.patch_spec("demo", {"runPolicy": {"suspend": True}})
     k.wait_phase("Suspended")
-    eventually(lambda: _read(k.apps.read_namespaced_deployment, "demo-rm-skywork", k.ns) is None,
-               what="the reward Deployment removed")
+    for name in ("demo-rm-skywork", "demo-sandbox"):
+        eventually(lambda n=name: _read(k.apps.read_namespaced_deployment, n, k.ns) is None, what=f"{name} removed")
     k.patch_spec("demo", {"runPolicy": {"suspend": False}})
     d = eventually(lambda: _read(k.apps.read_namespaced_deployment, "demo-rm-skywork", k.ns), what="recreated")
     assert d.spec.replicas == 2
+    sandbox = eventually(lambda: _read(k.apps.read_namespaced_deployment, "demo-sandbox", k.ns), what="recreated")
+    assert sandbox.spec.replicas == 2
 
 
 def _read(read, name, ns):

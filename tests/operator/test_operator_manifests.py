@@ -390,7 +390,7 @@ def test_each_reward_model_gets_a_deployment_and_a_headless_service():
         assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is False
         assert svc["spec"]["selector"] == {"grpo.dev/job": "demo", "grpo.dev/role": "reward",
                                            "grpo.dev/reward-model": model}
-    sky, judge = manifests.build_reward_deployments(j, S, rollout_replicas=1)
+    sky, judge = manifests.build_rollout_dependencies(j, S, rollout_replicas=1)
     assert sky["metadata"]["name"] == "demo-rm-skywork" and sky["spec"]["replicas"] == 2
     assert sky["spec"]["selector"]["matchLabels"] == services["demo-rm-skywork"]["spec"]["selector"]
     pod = sky["spec"]["template"]
@@ -416,7 +416,7 @@ def test_each_reward_model_gets_a_deployment_and_a_headless_service():
 
 
 def test_reward_servers_are_at_zero_while_the_rollout_servers_are():
-    assert [d["spec"]["replicas"] for d in manifests.build_reward_deployments(reward_job(), S, rollout_replicas=0)] == [0, 0]
+    assert [d["spec"]["replicas"] for d in manifests.build_rollout_dependencies(reward_job(), S, rollout_replicas=0)] == [0, 0]
 
 
 def test_the_rollout_servers_get_the_reward_services_and_the_ca():
@@ -448,7 +448,7 @@ def test_only_the_jobs_rollout_pods_reach_the_reward_servers():
 
 def test_a_reward_model_with_a_model_cache_mounts_it_read_only_and_fetches_nothing():
     j = reward_job(**{"model.cache": {"claimName": "models"}})
-    pod = manifests.build_reward_deployments(j, S, rollout_replicas=1)[0]["spec"]["template"]["spec"]
+    pod = manifests.build_rollout_dependencies(j, S, rollout_replicas=1)[0]["spec"]["template"]["spec"]
     assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "models"}} in pod["volumes"]
     assert {"name": "model-cache", "mountPath": "/model-cache", "readOnly": True} in pod["containers"][0]["volumeMounts"]
     assert "initContainers" not in pod        # the policy's fetch is the rollout pods' business
@@ -463,10 +463,83 @@ def test_a_refused_reward_template_names_its_field():
     assert parse_grpojob(doc, S)[1] and all(e.startswith("spec.reward.rewardModels[0].template")
                                             for e in parse_grpojob(doc, S)[1])
     with pytest.raises(TemplateError):
-        manifests.build_reward_deployments(job(**{"reward.rewardModels": bad}), S, rollout_replicas=1)
+        manifests.build_rollout_dependencies(job(**{"reward.rewardModels": bad}), S, rollout_replicas=1)
 
 
 def test_long_reward_service_names_stay_one_dns_label():
     name = names.reward_model_name("j" * 50, "m" * 40)
     assert len(name) <= 63 and name.startswith("j" * 50 + "-rm-")
     assert name == names.reward_model_name("j" * 50, "m" * 40) != names.reward_model_name("j" * 50, "m" * 39 + "n")
+
+
+# --- the python tool's sandbox pool (issue 32 item 5) -------------------------------------------
+
+def python_job(**python):
+    return job(**{"rollout.multiTurn": {"enable": True, "tools": ["python"], "python": python}})
+
+
+def test_the_python_tool_gets_a_sandbox_pool_by_default_on_kubernetes():
+    children = {(c["kind"], c["metadata"]["name"]): c for c in manifests.build_children(python_job(), S, pod_monitor=False)}
+    svc = children[("Service", "demo-sandbox")]
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["selector"] == {"grpo.dev/job": "demo",
+                                                                              "grpo.dev/role": "sandbox"}
+    (sandbox,) = manifests.build_rollout_dependencies(python_job(), S, rollout_replicas=1)
+    assert sandbox["metadata"]["name"] == "demo-sandbox" and sandbox["spec"]["replicas"] == 1
+    assert manifests.build_rollout_dependencies(python_job(replicas=3), S, rollout_replicas=1)[0]["spec"]["replicas"] == 3
+    # at zero with the rollout servers; none without the python tool, or with replicas 0
+    assert manifests.build_rollout_dependencies(python_job(), S, rollout_replicas=0)[0]["spec"]["replicas"] == 0
+    assert manifests.build_rollout_dependencies(python_job(replicas=0), S, rollout_replicas=1) == []
+    assert not any(c["metadata"]["name"] == "demo-sandbox" for c in manifests.build_children(
+        python_job(replicas=0), S, pod_monitor=False))
+    lookup = job(**{"rollout.multiTurn": {"enable": True, "tools": ["tools:lookup"]}})
+    assert manifests.build_rollout_dependencies(lookup, S, rollout_replicas=1) == []
+
+
+def test_a_sandbox_pod_holds_nothing_but_the_token_and_its_certificate():
+    pod = manifests.build_sandbox_deployment(python_job(concurrency=3, memoryMB=512), S)["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["args"] == ["sandbox", "--spec", "/etc/grpo/job.yaml", "--port", "50051", "--metrics-port", "9090"]
+    env = _env(c)
+    assert {k for k, v in env.items() if "secretKeyRef" in v.get("valueFrom", {})} == {
+        "GRPO_RPC_TOKEN", "GRPO_TLS_CERT", "GRPO_TLS_KEY"}
+    assert not any(k.startswith("AWS_") for k in env) and "envFrom" not in c
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]} and pod["automountServiceAccountToken"] is False
+    # /tmp is the only writable place, size-limited; no shared memory, no model, no GPU
+    assert {"name": "tmp", "emptyDir": {"sizeLimit": "3Gi"}} in pod["volumes"] and env["TMPDIR"]["value"] == "/tmp"
+    assert {v["name"] for v in pod["volumes"]} == {"grpo-spec", "tmp"} and "initContainers" not in pod
+    assert c["resources"]["limits"] == {"cpu": "3", "memory": f"{3 * 512 + 256}Mi"}
+
+
+def test_the_sandbox_pods_can_open_no_connection_and_only_the_rollout_pods_reach_them():
+    policies = {c["metadata"]["name"]: c for c in manifests.build_children(python_job(), S, pod_monitor=False)
+                if c["kind"] == "NetworkPolicy"}
+    spec = policies["demo-sandbox"]["spec"]
+    assert spec["podSelector"] == {"matchLabels": {"grpo.dev/job": "demo", "grpo.dev/role": "sandbox"}}
+    assert spec["policyTypes"] == ["Ingress", "Egress"] and spec["egress"] == []      # not even DNS
+    grpc, metrics = spec["ingress"]
+    assert grpc == {"from": [{"podSelector": {"matchLabels": {"grpo.dev/job": "demo", "grpo.dev/role": "rollout"}}}],
+                    "ports": [{"protocol": "TCP", "port": 50051}]}
+    assert metrics["ports"] == [{"protocol": "TCP", "port": 9090}]
+
+
+def test_the_rollout_servers_dial_the_sandbox_service_with_the_jobs_ca():
+    env = _env(manifests.build_rollout_deployment(python_job(), S)["spec"]["template"]["spec"]["containers"][0])
+    from grpo_rollout.tools.sandbox_client import ADDRESSES_ENV
+    assert ADDRESSES_ENV == names.SANDBOX_ADDRESSES_ENV
+    assert env[ADDRESSES_ENV]["value"] == "dns:///demo-sandbox.team-a.svc:50051"
+    assert env["GRPO_TLS_CA"]["valueFrom"]["secretKeyRef"] == {"name": "demo-rpc", "key": "ca.crt"}
+    assert "demo-sandbox.team-a.svc" in names.sandbox_dns_names("demo", "team-a")
+    # with reward models too, the CA is there once
+    both = job(**{"rollout.multiTurn": {"enable": True, "tools": ["python"]}, "reward.rewardModels": REWARD_MODELS})
+    container = manifests.build_rollout_deployment(both, S)["spec"]["template"]["spec"]["containers"][0]
+    assert [e["name"] for e in container["env"]].count("GRPO_TLS_CA") == 1
+
+
+def test_a_refused_sandbox_template_names_its_field():
+    from grpo_operator.templates import TemplateError
+    with pytest.raises(TemplateError, match=r"spec.rollout.multiTurn.python.template.spec.hostNetwork"):
+        manifests.build_sandbox_deployment(python_job(template={"spec": {"hostNetwork": True}}), S)
+    # gVisor or Kata for hostile code: a runtime class is the template's to set
+    gvisor = manifests.build_sandbox_deployment(python_job(template={"spec": {"runtimeClassName": "gvisor"}}), S)
+    assert gvisor["spec"]["template"]["spec"]["runtimeClassName"] == "gvisor"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PROTO_DIR = REPO / "api" / "grpo_api" / "proto"
-STUBS = [f"{name}{suffix}" for name in ("rollout", "reward") for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")]
+STUBS = [f"{name}{suffix}" for name in ("rollout", "reward", "sandbox") for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")]
 
 
 def test_committed_stubs_match_the_proto(tmp_path):

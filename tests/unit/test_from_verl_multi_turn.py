@@ -117,3 +117,40 @@ def test_the_tool_agent_dataset_layout_reaches_the_agent_loop(tmp_path):
     extra = json.loads(dataset.rows[0].extra_info)
     assert extra["agent_name"] == "tool_agent"
     assert extra["tools_kwargs"] == {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "3"}}}
+
+
+# The tools block as Qwen3's template writes one: every tool adds its name to a system turn.
+TOOLS_TEMPLATE = ("{%- if tools %}{{- '<|im_start|>system\\n' }}{%- for t in tools %}{{- t.function.name + ' ' }}"
+                  "{%- endfor %}{{- '<|im_end|>\\n' }}{%- endif %}" + tiny.CHAT_TEMPLATE)
+SCHEMAS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def test_filter_overlong_prompts_measures_a_tool_agents_prompt_with_the_tools(tmp_path):
+    """As verl's dataset does, a tool agent's prompt is measured with the tools' schemas (those the
+    rollout servers report): a row that fits alone but not with the tools is filtered
+    (filterOverlongPrompts) or refused naming the row; a single_turn_agent row is measured alone."""
+    from grpo_trainer.data import DataError
+    tok = tiny.build_tokenizer()
+    tok.chat_template = TOOLS_TEMPLATE
+    messages = [{"role": "user", "content": "copy the digit 3"}]
+    alone = len(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"])
+    with_tools = len(tok.apply_chat_template(messages, tools=SCHEMAS, add_generation_prompt=True,
+                                             tokenize=True)["input_ids"])
+    assert with_tools > alone
+    rows = [{"data_source": "openai/gsm8k", "prompt": messages, "reward_model": {"ground_truth": "3"},
+             "extra_info": {"index": i, **({"agent_name": agent} if agent else {})}}
+            for i, agent in enumerate([None, "single_turn_agent", "tool_agent"])]
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    uri = f"file://{path}"
+
+    fits_alone = DataSpec(train_files=[str(path)], max_prompt_length=with_tools - 1, filter_overlong_prompts=True)
+    dataset = load_prompts([uri], fits_alone, tok, Storage(), tool_schemas=SCHEMAS)
+    assert dataset.filtered == 2 and [json.loads(r.extra_info)["index"] for r in dataset.rows] == [1]
+    assert len(dataset.rows[0].prompt_ids) == alone
+    assert load_prompts([uri], fits_alone, tok, Storage()).filtered == 0     # without tools, as before
+    assert load_prompts([uri], fits_alone.model_copy(update={"max_prompt_length": with_tools}), tok, Storage(),
+                        tool_schemas=SCHEMAS).filtered == 0
+    refused = fits_alone.model_copy(update={"filter_overlong_prompts": False, "truncation": "left"})
+    with pytest.raises(DataError, match=rf"row 0 has a {with_tools}-token prompt with the tools' schemas"):
+        load_prompts([uri], refused, tok, Storage(), tool_schemas=SCHEMAS)

@@ -59,8 +59,23 @@ def _ground_truth(reward_model) -> str:
     return "" if reward_model is None else str(reward_model)
 
 
-def load_prompts(files: list[str], spec: DataSpec, tokenizer, storage: Storage) -> PromptDataset:
-    """Read, apply the chat template, tokenize; filter or truncate overlong prompts per the spec."""
+def _render(tokenizer, messages, tools=None) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
+    return ids if isinstance(ids, list) else list(ids["input_ids"])    # transformers 5 may return a BatchEncoding
+
+
+def _tool_agent(rec: dict) -> bool:
+    """A row the tool agent loop prompts with the tools (grpo_rollout.agent_loop.row_agent: the
+    default agent)."""
+    extra = rec.get("extra_info") if isinstance(rec.get("extra_info"), dict) else {}
+    return (rec.get("agent_name") or extra.get("agent_name") or "tool_agent") == "tool_agent"
+
+
+def load_prompts(files: list[str], spec: DataSpec, tokenizer, storage: Storage,
+                 tool_schemas: list[dict] | None = None) -> PromptDataset:
+    """Read, apply the chat template, tokenize; filter or truncate overlong prompts per the spec.
+    With `tool_schemas` (the tool agent loop's tools), a tool agent's prompt is measured as the
+    rollout servers render it, with the tools; it can't be truncated (they render it again)."""
     rows: list[PromptRow] = []
     filtered = 0
     for uri in files:
@@ -74,13 +89,17 @@ def load_prompts(files: list[str], spec: DataSpec, tokenizer, storage: Storage) 
             messages = rec[spec.prompt_key]
             if isinstance(messages, str):
                 messages = [{"role": "user", "content": messages}]
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            if not isinstance(ids, list):  # transformers 5 may return a BatchEncoding
-                ids = list(ids["input_ids"])
-            if len(ids) > spec.max_prompt_length:
+            ids = _render(tokenizer, messages)
+            with_tools = len(_render(tokenizer, messages, tool_schemas)) if tool_schemas and _tool_agent(rec) else None
+            if (with_tools or len(ids)) > spec.max_prompt_length:
                 if spec.filter_overlong_prompts:
                     filtered += 1
                     continue
+                if with_tools:
+                    raise DataError(
+                        f"{uri}: row {row_number} has a {with_tools}-token prompt with the tools' schemas, longer "
+                        f"than data.maxPromptLength={spec.max_prompt_length} (set data.filterOverlongPrompts or raise "
+                        f"data.maxPromptLength; a tool agent's prompt is not truncated)")
                 if spec.truncation == "error":
                     raise DataError(
                         f"{uri}: row {row_number} has a {len(ids)}-token prompt, longer than "
@@ -149,10 +168,10 @@ class Datasets:
     sampler: EpochSampler
 
 
-def load_datasets(spec: DataSpec, tokenizer, storage: Storage) -> Datasets:
+def load_datasets(spec: DataSpec, tokenizer, storage: Storage, tool_schemas: list[dict] | None = None) -> Datasets:
     """data.trainFiles (and valFiles), and the epoch sampler over the training prompts."""
-    train = load_prompts(spec.train_files, spec, tokenizer, storage)
-    val = load_prompts(spec.val_files, spec, tokenizer, storage) if spec.val_files else None
+    train = load_prompts(spec.train_files, spec, tokenizer, storage, tool_schemas)
+    val = load_prompts(spec.val_files, spec, tokenizer, storage, tool_schemas) if spec.val_files else None
     if train.filtered:
         log.info("Filtered %d overlong prompts (data.filterOverlongPrompts)", train.filtered)
     return Datasets(train, val, EpochSampler(len(train.rows), spec.train_batch_size, spec.seed, spec.shuffle))

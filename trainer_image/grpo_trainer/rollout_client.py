@@ -17,6 +17,7 @@ one client per server (`RolloutServers.clients`).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -64,6 +65,23 @@ class RolloutServers:
     def check_stopping(self, waiting_for: str) -> None:
         if self.stopping():
             raise StoppedWaiting(f"asked to stop while waiting for {waiting_for}")
+
+    def tool_schemas(self, wait_seconds: float = 600.0) -> list[dict]:
+        """The tools the rollout servers render a tool agent's prompt with (their Info; every server
+        loads the same spec's tools), from the first one that answers. The trainer counts them in
+        data.maxPromptLength before it trains, as verl's dataset does."""
+        deadline = time.monotonic() + wait_seconds
+        errors: list[str] = []
+        while True:
+            for address in self.addresses(wait_seconds=max(1.0, deadline - time.monotonic())):
+                try:
+                    return json.loads(self.clients.info(address, timeout=30).tool_schemas_json or "[]")
+                except grpc.RpcError as exc:
+                    errors.append(f"{address}: {exc.code().name} {exc.details()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no rollout server told its tools within {wait_seconds:g}s: {'; '.join(errors[-3:])}")
+            self.check_stopping("a rollout server's tools")
+            time.sleep(1.0)
 
     def addresses(self, wait_seconds: float = 120.0) -> list[str]:
         """Addresses of the rollout servers now; waits (bounded) while there are none."""

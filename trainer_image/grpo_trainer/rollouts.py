@@ -34,7 +34,7 @@ from grpo_api.storage import Storage, StorageError
 from grpo_trainer import batch as batching
 from grpo_trainer.collectives import from_rank0
 from grpo_trainer.data import DataError, Datasets, PromptRow, load_datasets, prompt_shard_table
-from grpo_trainer.rollout_client import RolloutDispatcher
+from grpo_trainer.rollout_client import RolloutDispatcher, RolloutServers
 
 log = logging.getLogger("grpo.trainer")
 
@@ -164,15 +164,19 @@ class Prefetch:
 
 
 def prepare(spec: GRPOJobSpec, tokenizer, storage: Storage, layout: RunLayout, *, started: float,
-            device: torch.device) -> tuple[Datasets | None, int]:
+            device: torch.device, servers: RolloutServers | None = None) -> tuple[Datasets | None, int]:
     """Collective, before any model is built: rank 0 reads the datasets and checks that the run's
     storage can be written, so bad data or storage fails now (a SetupError on every rank); it
-    removes what writers killed mid-write left. Returns (the datasets on rank 0, batches per epoch)."""
+    removes what writers killed mid-write left. With the tool agent loop, a tool agent's prompt is
+    measured with the tools the rollout servers render it with (rank 0 asks `servers` for them).
+    Returns (the datasets on rank 0, batches per epoch)."""
     datasets = None
 
     def load() -> int:
         nonlocal datasets
-        datasets = load_datasets(spec.data, tokenizer, storage)
+        mt = spec.rollout.multi_turn
+        tools = servers.tool_schemas() if servers is not None and mt.enable else None
+        datasets = load_datasets(spec.data, tokenizer, storage, tool_schemas=tools)
         try:
             storage.check_writable(layout.root)
         except StorageError as exc:

@@ -70,8 +70,11 @@ class Trainer:
                                       log=print if self.rank == 0 else lambda *_: None)
         tokenizer = load_tokenizer(self.model_spec)
         self.lora_config = lora.check_spec(self.model_spec) if self.model_spec.lora else None   # before any write
+        # Rank 0's clients of the rollout servers (the dispatcher's and the weight senders').
+        self.servers = RolloutServers(static_or_dns_discovery(rollout_addresses), auth,
+                                      stopping=lambda: self._stop_flag) if self.rank == 0 else None
         datasets, self.steps_per_epoch = rollouts.prepare(self.spec, tokenizer, self.storage, self.layout,
-                                                          started=started, device=self.device)
+                                                          started=started, device=self.device, servers=self.servers)
         self.total_steps = self.spec.trainer.total_steps or self.spec.trainer.total_epochs * self.steps_per_epoch
         self.actor = Actor(self.model_spec, self.spec, device=self.device, total_steps=self.total_steps,
                            pad_token_id=tokenizer.pad_token_id)
@@ -88,17 +91,16 @@ class Trainer:
         self.metrics = open_metrics(job, self.layout, self.storage, device=self.device, resumed_step=self.state.step,
                                     metrics_port=metrics_port,
                                     tracker_runs=resumed.get("trackers") if resumed.get("own") else None)
-        self._connect_rollouts(rollout_addresses, auth, datasets)
+        self._connect_rollouts(datasets)
         self.validator = Validator(self.spec, self.rollouts)
         if resumed:
             self.actor.load_state_dict(resumed)
             self.rollouts.load_state_dict(resumed)
             self.validator.score = resumed.get("validation_score")
 
-    def _connect_rollouts(self, rollout_addresses: str, auth: ClientAuth, datasets) -> None:
+    def _connect_rollouts(self, datasets) -> None:
         """The weight publisher and the rollout source, sharing rank 0's clients of the servers."""
-        servers = RolloutServers(static_or_dns_discovery(rollout_addresses), auth,
-                                 stopping=lambda: self._stop_flag) if self.rank == 0 else None
+        servers = self.servers
         # In the rollout engines' dtype (spec.model.dtype) on GPU; float32 on CPU.
         rollout_dtype = getattr(torch, self.spec.model.dtype.value) if self.device.type == "cuda" else torch.float32
         self.publisher = WeightPublisher(self.actor.model, self.spec.weight_sync, dtype=rollout_dtype,

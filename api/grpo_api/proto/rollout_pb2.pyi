@@ -210,7 +210,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoReply(_message.Message):
-    __slots__ = ("worker_id", "model", "engine", "policy_version", "capacity", "num_parameters", "device", "device_uuid", "accepts_lora_adapters")
+    __slots__ = ("worker_id", "model", "engine", "policy_version", "capacity", "num_parameters", "device", "device_uuid", "accepts_lora_adapters", "tool_schemas_json")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
@@ -220,6 +220,7 @@ class InfoReply(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
     ACCEPTS_LORA_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_SCHEMAS_JSON_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     engine: str
@@ -229,4 +230,5 @@ class InfoReply(_message.Message):
     device: str
     device_uuid: str
     accepts_lora_adapters: bool
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., policy_version: _Optional[int] = ..., capacity: _Optional[int] = ..., num_parameters: _Optional[int] = ..., device: _Optional[str] = ..., device_uuid: _Optional[str] = ..., accepts_lora_adapters: _Optional[bool] = ...) -> None: ...
+    tool_schemas_json: str
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., policy_version: _Optional[int] = ..., capacity: _Optional[int] = ..., num_parameters: _Optional[int] = ..., device: _Optional[str] = ..., device_uuid: _Optional[str] = ..., accepts_lora_adapters: _Optional[bool] = ..., tool_schemas_json: _Optional[str] = ...) -> None: ...

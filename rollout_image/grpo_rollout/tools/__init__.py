@@ -9,19 +9,25 @@ import time
 from dataclasses import dataclass
 
 from grpo_api.spec import MultiTurnSpec
-from grpo_rollout.tools.base import Tool, ToolError
+from grpo_rollout.tools.base import Tool, ToolError, ToolUnavailable
 from grpo_rollout.tools.function_tool import FunctionTool, import_function
 from grpo_rollout.tools.python_tool import PythonTool
 from grpo_rollout.tools.verl_config import load_tool_config
 
-__all__ = ["Tool", "ToolError", "ToolCall", "ToolResult", "ToolRunner", "load_tools", "truncate"]
+__all__ = ["Tool", "ToolError", "ToolUnavailable", "ToolCall", "ToolResult", "ToolRunner", "load_tools", "truncate"]
 
 
-def load_tools(spec: MultiTurnSpec) -> dict[str, Tool]:
+def load_tools(spec: MultiTurnSpec, sandbox=None) -> dict[str, Tool]:
+    """sandbox: the SandboxClient the `python` tool runs its programs on (None: in a child process
+    here, refused when spec.python.replicas asks for sandbox servers)."""
     tools: list[Tool] = []
     for i, ref in enumerate(spec.tools):
         if ref == "python":
-            tools.append(PythonTool(spec.python))
+            if sandbox is None and spec.python.replicas:
+                raise ValueError(f"rollout.multiTurn.python.replicas is {spec.python.replicas}: the python tool runs "
+                                 f"its programs only on sandbox servers, and this rollout server has none (pass "
+                                 f"--sandbox HOST:PORT or set GRPO_SANDBOX_ADDRESSES)")
+            tools.append(PythonTool(spec.python, sandbox))
             continue
         try:
             tools.append(FunctionTool(import_function(ref)))
@@ -49,7 +55,7 @@ class ToolCall:
 class ToolResult:
     name: str
     text: str
-    error: str          # "" or the kind: parse, unknown_tool, tool_error, timeout, crash
+    error: str          # "" or the kind: parse, unknown_tool, tool_error, unavailable, timeout, crash
     seconds: float
 
 
@@ -93,6 +99,8 @@ class ToolRunner:
                 text, error = future.result(timeout=left), ""
             except cf.TimeoutError:
                 text, error = f"Error: tool {call.name} timed out after {self.timeout:g}s", "timeout"
+            except ToolUnavailable as exc:
+                text, error = f"Error: {exc}", "unavailable"
             except ToolError as exc:
                 text, error = f"Error: {exc}", "tool_error"
             except Exception as exc:  # noqa: BLE001 - a tool's crash is the model's answer, not the server's

@@ -10,6 +10,10 @@ class ToolError(Exception):
     """A call that failed in a way the model should read about (bad arguments, a crash)."""
 
 
+class ToolUnavailable(ToolError):
+    """The service a tool runs on didn't answer in time (the python sandbox servers)."""
+
+
 class Tool(ABC):
     name: str
     schema: dict

@@ -7,16 +7,15 @@ address space, file size, open files and (for a non-root server) processes. Wher
 user namespaces are allowed, it also enters a new user and network namespace: no interface but
 a down loopback, so no network. It is NOT a security boundary against hostile code: the files
 the server's user can read stay readable (no mount namespace or seccomp), and without user
-namespaces the network is reachable. On Kubernetes, run the rollout pods under the NetworkPolicy
-the operator writes (docs/RELIABILITY.md).
+namespaces the network is reachable. On Kubernetes the programs run in the job's sandbox pods
+instead (grpo_rollout.sandbox_server: the same function, in pods that can open no connection;
+docs/RELIABILITY.md).
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -25,41 +24,41 @@ import tempfile
 from grpo_api.spec import PythonSandbox
 from grpo_rollout.tools.base import Tool, ToolError
 
-_CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
 MAX_OUTPUT_BYTES = 64 * 1024
+
+# Applies the limits, then becomes `python -I main.py`. It runs as a fresh process: the limits are
+# not set between fork and exec (preexec_fn), which is unsafe in a threaded server (gRPC's, the
+# tool runner's) and crashed children with SIGSEGV under load.
+_LAUNCHER = """
+import ctypes, os, resource, sys
+cpu, memory_mb, max_processes, isolate = map(int, sys.argv[1:5])
+if isolate and ctypes.CDLL(None, use_errno=True).unshare(0x10000000 | 0x40000000) != 0:   # CLONE_NEWUSER|NEWNET
+    sys.exit(125)
+mb = 1024 * 1024
+resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))   # SIGXCPU at the soft limit, SIGKILL a second later
+resource.setrlimit(resource.RLIMIT_AS, (memory_mb * mb, memory_mb * mb))
+resource.setrlimit(resource.RLIMIT_FSIZE, (16 * mb, 16 * mb))
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+if os.getuid() != 0:   # root ignores RLIMIT_NPROC
+    resource.setrlimit(resource.RLIMIT_NPROC, (max_processes, max_processes))
+os.execv(sys.executable, [sys.executable, "-I", *sys.argv[5:]])
+"""
+
+
+def _command(limits: PythonSandbox, isolate_network: bool, *program: str) -> list[str]:
+    return [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(limits.cpu_seconds), str(limits.memory_mb),
+            str(limits.max_processes), str(int(isolate_network)), *program]
 
 
 @functools.cache
 def network_isolation_available() -> bool:
     """Whether a child can enter its own user+network namespace here (checked once, in a child)."""
     try:
-        result = subprocess.run([sys.executable, "-c", "pass"], preexec_fn=_unshare_network, timeout=30,
-                                capture_output=True)
+        result = subprocess.run(_command(PythonSandbox(), True, "-c", "pass"), timeout=30, capture_output=True)
     except (OSError, subprocess.SubprocessError):
         return False
     return result.returncode == 0
-
-
-def _unshare_network() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER | CLONE_NEWNET) failed")
-
-
-def _limit(limits: PythonSandbox, isolate_network: bool) -> None:
-    """Runs in the child between fork and exec."""
-    os.setsid()
-    if isolate_network:
-        _unshare_network()
-    mb = 1024 * 1024
-    # SIGXCPU at the soft limit (reported as the CPU limit), SIGKILL a second later.
-    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb * mb, limits.memory_mb * mb))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (16 * mb, 16 * mb))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if os.getuid() != 0:   # root ignores RLIMIT_NPROC
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
 
 
 def run_python(code: str, limits: PythonSandbox) -> tuple[str, bool]:
@@ -70,9 +69,9 @@ def run_python(code: str, limits: PythonSandbox) -> tuple[str, bool]:
         with open(path, "w") as f:
             f.write(code)
         env = {"PATH": "/usr/bin:/bin", "HOME": cwd, "TMPDIR": cwd, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
-        proc = subprocess.Popen([sys.executable, "-I", "main.py"], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                preexec_fn=functools.partial(_limit, limits, isolate))
+        # Its own session: a timeout kills the whole process group, whatever it forked.
+        proc = subprocess.Popen(_command(limits, isolate, "main.py"), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             out, _ = proc.communicate(timeout=limits.timeout_seconds)
         except subprocess.TimeoutExpired:
@@ -114,14 +113,19 @@ class PythonTool(Tool):
             "code": {"type": "string", "description": "The program; print() what you need to see."}},
             "required": ["code"]}}}
 
-    def __init__(self, limits: PythonSandbox):
-        self.limits = limits
+    def __init__(self, limits: PythonSandbox, sandbox=None):
+        """sandbox: a tools.sandbox_client.SandboxClient to run the code on; None runs it here."""
+        self.limits, self.sandbox = limits, sandbox
 
     def call(self, arguments: dict, create_kwargs: dict) -> str:
         code = arguments.get("code")
         if not isinstance(code, str):
             raise ToolError("python needs a string argument 'code'")
-        text, failed = run_python(code, self.limits)
+        text, failed = self.sandbox.run(code) if self.sandbox else run_python(code, self.limits)
         if failed:
             raise ToolError(text)
         return text
+
+    def close(self) -> None:
+        if self.sandbox:
+            self.sandbox.close()

@@ -1,0 +1,78 @@
+"""Calls to a pool of servers of one kind that a rollout server depends on: a reward model's
+replicas (reward_client), the `python` tool's sandbox servers (tools/sandbox_client).
+
+A call that fails or overruns its attempt timeout goes to the next address (round robin across
+calls); after a whole round of failures it waits a moment, so a replica being restarted can come
+back; once the call's budget is spent it raises `ReplicasUnavailable` with the last errors. An
+address may itself be many replicas: a `dns:///` name (the operator's headless Service) is dialled
+with gRPC's round robin over every ready pod it resolves to, and a pod that dies leaves DNS.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+
+import grpc
+
+from grpo_api.rpc import ClientAuth, rollout_channel
+
+log = logging.getLogger(__name__)
+
+
+class ReplicasUnavailable(RuntimeError):
+    """No replica answered within the call's budget; `errors` has the last ones, one per address."""
+
+    def __init__(self, errors: list[str]):
+        super().__init__("; ".join(errors))
+        self.errors = errors
+
+
+class Replicas:
+    def __init__(self, what: str, addresses: list[str], auth: ClientAuth | str, stub: Callable[[grpc.Channel], object],
+                 *, retry_pause: float = 1.0, on_error: Callable[[str], None] | None = None):
+        if not addresses:
+            raise ValueError(f"{what}: no server address")
+        self.what, self.addresses, self._auth, self._make_stub = what, list(addresses), auth, stub
+        self._pause, self._on_error = retry_pause, on_error
+        self._channels: dict[str, grpc.Channel] = {}
+        self._next = itertools.count()
+
+    def _stub(self, address: str):
+        if address not in self._channels:
+            self._channels[address] = rollout_channel(address, self._auth, round_robin=address.startswith("dns:"))
+        return self._make_stub(self._channels[address])
+
+    def _forget(self, address: str) -> None:
+        channel = self._channels.pop(address, None)
+        if channel is not None:
+            channel.close()
+
+    def call(self, method: str, request, *, attempt_timeout: float, budget: float):
+        """(the reply, the address that gave it)."""
+        deadline = time.monotonic() + budget
+        start = next(self._next)
+        errors: list[str] = []
+        for attempt in itertools.count():
+            address = self.addresses[(start + attempt) % len(self.addresses)]
+            timeout = min(attempt_timeout, max(0.1, deadline - time.monotonic()))
+            try:
+                return getattr(self._stub(address), method)(request, timeout=timeout), address
+            except grpc.RpcError as exc:
+                errors.append(f"{address}: {exc.code().name} {exc.details()}")
+                log.warning("%s on %s failed (%s): %s; trying the next replica", self.what, address,
+                            exc.code().name, exc.details())
+                if self._on_error:
+                    self._on_error(exc.code().name)
+                self._forget(address)
+            if time.monotonic() >= deadline:
+                raise ReplicasUnavailable(errors[-len(self.addresses):])
+            if (attempt + 1) % len(self.addresses) == 0:      # a whole round failed: let one come back
+                time.sleep(min(self._pause, max(0.0, deadline - time.monotonic())))
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        for address in list(self._channels):
+            self._forget(address)

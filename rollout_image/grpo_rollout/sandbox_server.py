@@ -1,0 +1,168 @@
+"""`grpo sandbox`: run the `python` tool's programs for a job's rollout servers, over gRPC.
+
+On Kubernetes it is the Deployment `<job>-sandbox` (spec.rollout.multiTurn.python.replicas):
+model-written code runs away from the rollout pods, which hold the job's token, TLS key and
+storage credentials, in pods whose NetworkPolicy denies every connection out and admits only
+the job's rollout pods (docs/RELIABILITY.md says what this guarantees). Each program runs as
+the rollout server would run it itself (tools.python_tool.run_python: a fresh process and
+folder, rlimits), under the limits of this server's spec, which a caller can't change; at most
+`concurrency` at once, a call that finds every slot busy for its whole deadline answers
+RESOURCE_EXHAUSTED and the caller tries another replica.
+
+Token auth and TLS are the rollout servers' (grpo_api.rpc). Start-up: metrics and /ready, then
+gRPC, and one line on stdout when it listens,
+
+    GRPO_SANDBOX_READY {"port": 50071, "metrics_port": 9401, "pid": 123, "tls": true}
+
+SIGTERM/SIGINT: stop accepting calls, let running programs finish for `--grace` seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+READY_PREFIX = "GRPO_SANDBOX_READY "
+
+log = logging.getLogger("grpo_rollout.sandbox_server")
+
+
+class SandboxMetrics:
+    """`grpo_sandbox_*`: programs by outcome (ok, failed, busy), seconds per program, running now."""
+
+    def __init__(self, job: str, namespace: str):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        self.registry = CollectorRegistry()
+        self._labels = dict(job=job, namespace=namespace)
+        names = tuple(self._labels)
+        self._runs = Counter("grpo_sandbox_runs", "Programs run, by outcome (ok, failed, busy: no slot in time).",
+                             names + ("outcome",), registry=self.registry)
+        self._seconds = Histogram("grpo_sandbox_run_seconds", "Wall-clock seconds of one program.", names,
+                                  registry=self.registry).labels(**self._labels)
+        self.running = Gauge("grpo_sandbox_running", "Programs running now.", names,
+                             registry=self.registry).labels(**self._labels)
+
+    def done(self, outcome: str, seconds: float | None = None) -> None:
+        self._runs.labels(**self._labels, outcome=outcome).inc()
+        if seconds is not None:
+            self._seconds.observe(seconds)
+
+
+class SandboxServicer:
+    def __init__(self, limits, metrics: SandboxMetrics, name: str):
+        self.limits, self.metrics, self.name = limits, metrics, name
+        self._slots = threading.BoundedSemaphore(limits.concurrency)
+        self._running = 0
+        self._lock = threading.Lock()
+
+    def Run(self, request, context):
+        import grpc
+
+        from grpo_api.proto import sandbox_pb2 as pb
+        from grpo_rollout.tools.python_tool import run_python
+        wait = context.time_remaining()
+        if not self._slots.acquire(timeout=None if wait is None else max(0.0, wait - 0.5)):
+            self.metrics.done("busy")
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{self.name}: all {self.limits.concurrency} slots busy (python.concurrency)")
+        self._count(+1)
+        try:
+            started = time.monotonic()
+            output, failed = run_python(request.code, self.limits)
+            seconds = time.monotonic() - started
+        finally:
+            self._count(-1)
+            self._slots.release()
+        self.metrics.done("failed" if failed else "ok", seconds)
+        log.info("run %s: %s in %.2fs", request.request_id or "-", "failed" if failed else "ok", seconds)
+        return pb.RunReply(output=output, failed=failed, seconds=seconds, server=self.name)
+
+    def _count(self, delta: int) -> None:
+        with self._lock:
+            self._running += delta
+            self.metrics.running.set(self._running)
+
+    def Health(self, request, context):
+        from grpo_api.proto import sandbox_pb2 as pb
+        return pb.SandboxHealthReply(ready=True, status="ready", running=self._running,
+                                     concurrency=self.limits.concurrency)
+
+
+def start_server(servicer: SandboxServicer, token: str, *, host: str = "[::]", port: int = 0, tls=None):
+    import grpc
+
+    from grpo_api.proto import sandbox_pb2_grpc as pb_grpc
+    from grpo_api.rpc import TLS_CERT_ENV, TLS_KEY_ENV, TokenAuthInterceptor, listen, server_options
+    # Threads for every slot plus callers waiting for one and Health: waiting happens in Run.
+    server = grpc.server(ThreadPoolExecutor(max_workers=2 * servicer.limits.concurrency + 4, thread_name_prefix="grpc"),
+                         interceptors=[TokenAuthInterceptor(token)], options=server_options())
+    pb_grpc.add_SandboxServicer_to_server(servicer, server)
+    if tls is None:
+        log.warning("serving without TLS (%s and %s are not set)", TLS_CERT_ENV, TLS_KEY_ENV)
+    return server, listen(server, host, port, tls)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="grpo sandbox", description="Run the `python` tool's programs for a "
+                                "GRPOJob's rollout servers (spec.rollout.multiTurn.python).")
+    p.add_argument("--spec", required=True, help="the GRPOJob YAML")
+    p.add_argument("--port", type=int, default=50071, help="gRPC port; 0 picks a free one (default 50071)")
+    p.add_argument("--host", default="[::]", help="gRPC listen address (default all interfaces)")
+    p.add_argument("--metrics-port", type=int, default=0, help="HTTP /metrics and /ready; 0 picks one, -1 disables")
+    p.add_argument("--grace", type=float, default=5.0, help="seconds running programs get to finish on SIGTERM")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from grpo_api.jobfile import JobError, load_job
+    from grpo_api.rpc import TLSError, TokenError, read_token, server_tls
+    try:
+        job = load_job(args.spec)
+        token, tls = read_token(), server_tls()
+    except (JobError, TokenError, TLSError) as exc:
+        print(f"grpo sandbox: {exc}", file=sys.stderr)
+        return 2
+    limits = job.spec.rollout.multi_turn.python
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    from grpo_rollout.metrics import serve_http
+    from grpo_rollout.tools.python_tool import network_isolation_available
+    metrics = SandboxMetrics(job.metadata.name, job.metadata.namespace)
+    serving = threading.Event()
+    http = serve_http(metrics.registry, args.metrics_port, ready=serving.is_set) if args.metrics_port >= 0 else None
+    server = None
+    try:
+        name = os.environ.get("POD_NAME") or socket.gethostname()
+        try:
+            server, port = start_server(SandboxServicer(limits, metrics, name), token, host=args.host,
+                                        port=args.port, tls=tls)
+        except OSError as exc:
+            print(f"grpo sandbox: {exc}", file=sys.stderr)
+            return 2
+        serving.set()
+        info = {"port": port, "metrics_port": http.server_address[1] if http else None, "pid": os.getpid(),
+                "tls": tls is not None}
+        print(READY_PREFIX + json.dumps(info), flush=True)
+        log.info("sandbox server %s listening on port %d: %d programs at once, each %gs wall, %ds CPU, %d MiB; "
+                 "own network namespace per program: %s", name, port, limits.concurrency, limits.timeout_seconds,
+                 limits.cpu_seconds, limits.memory_mb, "yes" if network_isolation_available() else
+                 "no (the pod's NetworkPolicy is what keeps it off the network)")
+        stop.wait()
+    finally:
+        if server is not None:
+            server.stop(grace=args.grace).wait()
+        if http is not None:
+            http.shutdown()
+    return 0
