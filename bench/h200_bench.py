@@ -651,8 +651,11 @@ def cmd_step(args) -> None:
         t = time.perf_counter()
         from grpo_api.rpc import ClientAuth
         # plaintext on loopback, as the bench's server runs (TLS cost: bench/tls_weight_sync.py)
-        trainer = Trainer(job, rollout_addresses=address, auth=ClientAuth(token), checkpoint_key=os.urandom(32),
-                          local=True)
+        # one key per workdir, as `grpo run` keeps one per run: the compile cache a run signed is
+        # the next run's (phase compile-cache)
+        from grpo_api import signing
+        key = bytes.fromhex(signing.key_file(Path(args.workdir) / signing.KEY_FILE, create=True))
+        trainer = Trainer(job, rollout_addresses=address, auth=ClientAuth(token), checkpoint_key=key, local=True)
         log(f"trainer built in {time.perf_counter() - t:.1f}s")
         replies = []
         generate = trainer.rollouts.dispatcher.generate

@@ -110,6 +110,12 @@ for phase in $PHASES; do
     vllm-lora)    SCRIPT=bench/vllm_lora_check.py run vllm-lora 240 120 $extra ;;
     # Issue 34 item 4: generation inside `grpo rollout` against the same engine called directly.
     server-gen)   SCRIPT=bench/server_gen_profile.py run server-gen 420 200 $extra ;;
+    # Issue 34 item 5 (storage.compileCache): the trainer's first steps (hf engine: no vLLM carry)
+    # with an empty cache, then as a new machine (an empty local folder of its own) that restores
+    # what the first run saved in the job's run, signed with its key.
+    compile-cache) find "$W/run" -type d -name compile-cache -prune -exec rm -rf {} + 2>/dev/null || true
+                  for n in 1 2; do GRPO_COMPILE_CACHE_DIR=$W/compile-cache-$n run compile-cache-$n 270 150 step \
+                    --warmup 0 --steps 3 --label compile-cache-$n $extra; done ;;
     vllm-check)   SCRIPT=bench/vllm_check.py run vllm-check 330 150 $extra ;;
     trl-vllm)     run trl-vllm 280 150 trl --vllm --warmup 1 --steps 2 $extra ;;
     # Issue 20, two GPUs (bench/x2_bench.py): the link, the nccl weight path and its abort, FSDP2

@@ -1,4 +1,5 @@
-"""Signed checkpoint manifests: nothing that a writer of the job's storage puts there is loaded.
+"""Signed manifests: nothing that a writer of the job's storage puts there is loaded (checkpoints, and the
+trainer's compile cache: grpo_api.compile_cache).
 
 torch.distributed.checkpoint (DCP) keeps a checkpoint's `.metadata` as a pickle and loads
 non-tensor state with `torch.load(weights_only=False)`, so loading a checkpoint runs whatever
@@ -110,21 +111,22 @@ def sign(body: dict, key: bytes) -> bytes:
     return json.dumps({**body, SIGNATURE: _mac(body, key)}, indent=1, sort_keys=True).encode()
 
 
-def verify(data: bytes, key: bytes, where: str) -> dict:
-    """The manifest's body, if it is signed with `key`; else ManifestError naming `where`.
-    (JSON parsing runs no code; nothing else is read before the signature holds.)"""
+def verify(data: bytes, key: bytes, where: str, what: str = "the checkpoint") -> dict:
+    """The manifest's body, if it is signed with `key`; else ManifestError naming `where` and
+    refusing to load `what`. (JSON parsing runs no code; nothing else is read before the
+    signature holds.)"""
     try:
         manifest = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"{where}: not a checkpoint manifest ({exc})") from None
+        raise ManifestError(f"{where}: not a manifest ({exc}); refusing to load {what}") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get(SIGNATURE), str):
-        raise ManifestError(f"{where}: the manifest is not signed; refusing to load the checkpoint (only "
-                            f"checkpoints this job's trainer wrote, signed with the job's checkpoint key, are loaded)")
+        raise ManifestError(f"{where}: the manifest is not signed; refusing to load {what} (only what this "
+                            f"job's trainer wrote, signed with the job's checkpoint key, is loaded)")
     body = {k: v for k, v in manifest.items() if k != SIGNATURE}
     if not hmac.compare_digest(manifest[SIGNATURE], _mac(body, key)):
         raise ManifestError(f"{where}: the manifest's signature does not match this job's checkpoint key: it was "
                             f"changed, or written by someone else (another job, or this job under another key); "
-                            f"refusing to load the checkpoint")
+                            f"refusing to load {what}")
     files = body.get("files")
     if not isinstance(files, dict) or not all(_plain_name(n) and _entry_ok(e) for n, e in files.items()):
         raise ManifestError(f"{where}: malformed file list in the manifest")

@@ -511,6 +511,8 @@ class StorageSpec(_Model):
     """Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY; never put credentials in the spec."""
     keep_rollouts_steps: int | None = Field(default=None, ge=1)
     """Keep the rollouts (rollouts/step-N/ and prompts/step-N/) of the last N trained steps only: after each step the trainer deletes older step folders, and records them in rollouts/retention.json, which `grpo rollouts export` and `grpo ui` show. Always kept: step C+1 of every kept checkpoint C, which a resume from C (its batch generated ahead, with rollout.maxStaleness 1) and `grpo replay --step C+1` read. null: keep every step."""
+    compile_cache: bool = True
+    """Keep the trainer's compile caches (torch.compile's and Triton's kernels) in the job's run (<run>/compile-cache/), signed with the job's checkpoint key as its checkpoints are: a restarted trainer pod, or `grpo run` run again, skips compiling in its first steps. GPU with trainer.useTorchCompile only; a cache that can't be read, written or verified only costs the compile."""
 
 
 class WeightSyncSpec(_Model):

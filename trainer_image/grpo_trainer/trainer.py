@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from grpo_api import compile_cache
 from grpo_api.model_cache import local_model
 from grpo_api.records import RunLayout
 from grpo_api.rollout_history import AcceptedRollouts, format_ranges, spec_digest, step_ranges
@@ -68,6 +69,7 @@ class Trainer:
         # user's location: checkpoints record it).
         self.model_spec = local_model(self.spec.model, self.spec.storage,
                                       log=print if self.rank == 0 else lambda *_: None)
+        self.compile_cache = self._restore_compile_cache(checkpoint_key)    # before anything compiles
         tokenizer = load_tokenizer(self.model_spec)
         self.lora_config = lora.check_spec(self.model_spec) if self.model_spec.lora else None   # before any write
         # Rank 0's clients of the rollout servers (the dispatcher's and the weight senders').
@@ -97,6 +99,19 @@ class Trainer:
             self.actor.load_state_dict(resumed)
             self.rollouts.load_state_dict(resumed)
             self.validator.score = resumed.get("validation_score")
+
+    def _restore_compile_cache(self, key: bytes) -> compile_cache.CompileCache | None:
+        """spec.storage.compileCache: the decoder layers an earlier trainer of this run compiled,
+        signed with the job's checkpoint key. Every rank restores (the first of a machine unpacks);
+        rank 0 saves after a step that compiled something new."""
+        if self.device.type != "cuda" or not self.spec.trainer.use_torch_compile:
+            return None
+        cache = compile_cache.CompileCache.for_run(
+            self.spec.storage, self.storage, self.layout.root, key, "trainer", torch=torch.__version__,
+            gpu=torch.cuda.get_device_name(self.device), model=compile_cache.model_config_digest(self.model_spec.path))
+        if cache is not None:
+            cache.restore()
+        return cache
 
     def _connect_rollouts(self, datasets) -> None:
         """The weight publisher and the rollout source, sharing rank 0's clients of the servers."""
@@ -168,6 +183,8 @@ class Trainer:
         self.state.policy_version += 1
         timings = {**batch.timings(), **update.timings, **self.publisher.publish(self.state.policy_version)}
         timings["timing_s/step"] = time.perf_counter() - start
+        if self.compile_cache is not None and self.rank == 0:
+            self.compile_cache.save_if_grown()     # after the step: its first steps compile
         return {**step_metrics(step, self.state.policy_version, samples, batch, update, timings, world=self.world,
                                device=self.device), **self.rollouts.metrics()}
 
