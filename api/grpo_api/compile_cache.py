@@ -26,7 +26,6 @@ import logging
 import os
 import tarfile
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -63,9 +62,9 @@ def model_config_digest(model_path: str) -> str:
 class CompileCache:
     def __init__(self, storage: Storage, uri: str, folder: str | Path, key: bytes):
         self.storage, self.uri, self.folder, self.key = storage, uri, Path(folder), key
+        self.name = uri.rsplit("/", 1)[1]     # the archive's name, as its manifest lists it
         self.manifest_uri = uri + MANIFEST_SUFFIX
         self._known: dict[str, int] = {}      # what the archive in storage holds: path -> size
-        self._saving = threading.Lock()
 
     @classmethod
     def for_run(cls, spec: StorageSpec, storage: Storage, run_root: str, key: bytes, component: str,
@@ -124,7 +123,7 @@ class CompileCache:
         """The archive's bytes, once they match the manifest signed with the job's key (ManifestError if not)."""
         body = signing.verify(self.storage.read_bytes(self.manifest_uri), self.key, self.manifest_uri,
                               what="the compile cache")
-        entry = body["files"].get(self.uri.rsplit("/", 1)[1])
+        entry = body["files"].get(self.name)
         if entry is None:
             raise signing.ManifestError(f"{self.manifest_uri}: the manifest is of another archive; not loaded")
         data = self.storage.read_bytes(self.uri)
@@ -161,15 +160,7 @@ class CompileCache:
 
     def save_if_grown(self) -> bool:
         """Upload the folders when compiling added or changed files since the last restore or
-        save; True when it uploaded. A call while another saves returns False at once."""
-        if not self._saving.acquire(blocking=False):
-            return False
-        try:
-            return self._save_if_grown()
-        finally:
-            self._saving.release()
-
-    def _save_if_grown(self) -> bool:
+        save; True when it uploaded. (One caller: trainer rank 0, between steps.)"""
         try:
             files = self._files()
             if all(self._known.get(k) == v for k, v in files.items()):
@@ -190,7 +181,7 @@ class CompileCache:
             self.storage.write_bytes(self.uri, data)
             entry = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
             self.storage.write_bytes(self.manifest_uri, signing.sign(
-                {"kind": "compile-cache", "files": {self.uri.rsplit("/", 1)[1]: entry}}, self.key))
+                {"kind": "compile-cache", "files": {self.name: entry}}, self.key))
         except Exception as exc:      # noqa: BLE001
             log.warning("compile cache: could not save %s (%s: %s)", self.uri, type(exc).__name__, exc)
             return False
