@@ -306,6 +306,7 @@ def cmd_train(args) -> None:
     from transformers import AutoConfig
 
     from grpo_trainer import actor, batch as batching
+    from grpo_trainer.lora import wrapper
     from grpo_trainer.model import build_optimizer, build_policy, build_reference
     if set(args.heads) - {"fused", "logits"} or set(args.layouts) - {"padded", "packed"}:
         raise SystemExit(f"--heads: fused, logits; --layouts: padded, packed (got {args.heads}, {args.layouts})")
@@ -324,7 +325,7 @@ def cmd_train(args) -> None:
     peak = matmul_rate(dev)
     log(f"matmul peak {peak / 1e12:.0f} TFLOP/s")
     t0 = time.perf_counter()
-    model = build_policy(spec.model, dev, compile=args.compile)
+    model = build_policy(spec.model, dev, compile=args.compile, wrap=wrapper(spec.model))
     ref = build_reference(spec.model, dev, cpu_offload=False, compile=args.compile)
     opt, sched = build_optimizer(model, spec.trainer, total_steps=1000)
     log(f"policy + reference built in {time.perf_counter() - t0:.1f}s")

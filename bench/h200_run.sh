@@ -117,6 +117,24 @@ for phase in $PHASES; do
                   for n in 1 2; do GRPO_COMPILE_CACHE_DIR=$W/compile-cache-$n run compile-cache-$n 270 150 step \
                     --warmup 0 --steps 3 --label compile-cache-$n $extra; done ;;
     vllm-check)   SCRIPT=bench/vllm_check.py run vllm-check 330 150 $extra ;;
+    # Issue 46: colocated with vLLM's sleep mode (level 2) against vLLM at a fixed 0.35 the whole
+    # step (bench/colocated_sleep.py; needs build). The sleep run also takes the rollout-correction
+    # metrics: the woken engine's log-probs against the trainer's (its weights are the trainer's).
+    colocated-fixed) SCRIPT=bench/colocated_sleep.py run colocated-fixed 280 150 --mode fixed \
+                    --gpu-memory-utilization 0.35 --steps 3 $extra ;;
+    colocated-sleep) SCRIPT=bench/colocated_sleep.py run colocated-sleep 280 150 --mode sleep \
+                    --gpu-memory-utilization 0.6 --steps 3 --set spec.algorithm.rolloutCorrection.rolloutIs=token \
+                    --set spec.algorithm.rolloutCorrection.rolloutIsThreshold=2.0 $extra ;;
+    # Issue 47 item 1 with issue 46 item 3: the 12-03 sleep run's best settings (gradient checkpointing
+    # off, 32 K tokens a micro-batch) without rollout correction, so on-policy: vLLM computes no
+    # behaviour log-probs; then the same with the policy and its optimizer state in CPU memory
+    # while vLLM generates at 0.85 of the GPU.
+    colocated-gc-off) SCRIPT=bench/colocated_sleep.py run colocated-gc-off 230 120 --mode sleep \
+                    --gpu-memory-utilization 0.6 --steps 3 --max-tokens 32768 \
+                    --set spec.model.gradientCheckpointing=false $extra ;;
+    colocated-offload) SCRIPT=bench/colocated_sleep.py run colocated-offload 260 120 --mode sleep \
+                    --gpu-memory-utilization 0.85 --steps 3 --max-tokens 32768 --set spec.model.gradientCheckpointing=false \
+                    --set spec.trainer.paramOffload=true --set spec.trainer.optimizerOffload=true $extra ;;
     trl-vllm)     run trl-vllm 280 150 trl --vllm --warmup 1 --steps 2 $extra ;;
     # Issue 20, two GPUs (bench/x2_bench.py): the link, the nccl weight path and its abort, FSDP2
     # on 2 ranks, and the step with the rollout server on GPU 1 (disaggregated).

@@ -35,13 +35,14 @@ def _one(mode: str, folder: str) -> dict:
     import torch.distributed as dist
 
     from grpo_api.spec import LoRASpec, ModelSpec, TrainerSpec
+    from grpo_trainer.lora import wrapper
     from grpo_trainer.model import build_optimizer, build_policy
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29533"))
     dist.init_process_group("gloo", rank=0, world_size=1)
     torch.manual_seed(0)
     lora = LoRASpec(rank=32, alpha=64) if mode == "lora" else None
     spec = ModelSpec(path=folder, dtype="float32", gradient_checkpointing=False, lora=lora)
-    model = build_policy(spec, torch.device("cpu"))
+    model = build_policy(spec, torch.device("cpu"), wrap=wrapper(spec))
     opt, _ = build_optimizer(model, TrainerSpec(lr=1e-4), total_steps=1)
     ids = torch.randint(0, 32000, (2, 256))
     start = time.perf_counter()

@@ -16,6 +16,14 @@ mean reward, accuracy, format rate and elapsed time, and a final greedy validati
 
     python bench/quickstart_learnability.py --seed 0            # the recorded runs
     python bench/quickstart_learnability.py --seed 0 --lr 0     # control: no learning
+
+With ``--loss NAME`` the update is the trainer's own registered policy loss
+(``grpo_trainer.algorithms.policy_loss``: vanilla, cispo, sapo, geo_mean, ...; parameters at the
+spec's defaults, ``seq-mean-token-mean`` for the sequence losses, token-mean otherwise) over
+``--mini-batches`` updates per step, so from the second update on the ratio to the rollout policy
+is no longer 1 and the losses differ (issue 44's learning checks):
+
+    python bench/quickstart_learnability.py --seed 0 --loss cispo --mini-batches 4
 """
 
 from __future__ import annotations
@@ -32,8 +40,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
+from grpo_api.spec import SEQUENCE_LOSSES, PolicyLossConfig
 from grpo_rollout.quickstart_data import FORMAT_SCORE, write_quickstart_dataset
 from grpo_rollout.tiny import build_tiny_model
+from grpo_trainer.algorithms import policy_loss
 
 
 # --- verl's GSM8K rule (verl/utils/reward_score/gsm8k.py, strict), inline -------------------
@@ -70,6 +80,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--size", type=json.loads, default={}, help='Qwen3Config overrides, JSON, e.g. {"hidden_size": 128}')
     ap.add_argument("--val", type=int, default=64, help="validation prompts (greedy, at the end)")
+    ap.add_argument("--loss", default=None, help="a registered policy loss (algorithm.policyLoss); default: plain PG")
+    ap.add_argument("--mini-batches", type=int, default=1, help="with --loss: updates per step (batch / miniBatchSize)")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -123,14 +135,31 @@ def main() -> None:
         full = torch.cat([ids, resp], 1)
         full_mask = torch.cat([mask.float(), rmask], 1)
         pos = (full_mask.cumsum(1) - 1).clamp(min=0).long()  # left padding: positions start at 0
-        logits = model(input_ids=full, attention_mask=full_mask.long(), position_ids=pos).logits
-        logits = logits[:, ids.shape[1] - 1:-1].float() / args.temperature
-        logp = torch.log_softmax(logits, -1).gather(-1, resp.unsqueeze(-1)).squeeze(-1)
-        loss = -(adv.unsqueeze(1) * logp * rmask).sum() / rmask.sum()
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-        opt.step()
+
+        def token_logp(rows):
+            logits = model(input_ids=full[rows], attention_mask=full_mask[rows].long(), position_ids=pos[rows]).logits
+            logits = logits[:, ids.shape[1] - 1:-1].float() / args.temperature
+            return torch.log_softmax(logits, -1).gather(-1, resp[rows].unsqueeze(-1)).squeeze(-1)
+
+        if args.loss is None:
+            logp = token_logp(slice(None))
+            loss = -(adv.unsqueeze(1) * logp * rmask).sum() / rmask.sum()
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+            opt.step()
+        else:
+            with torch.no_grad():
+                old = token_logp(slice(None))  # the rollout policy's log-probs: PPO's old policy
+            mode = "seq-mean-token-mean" if args.loss in SEQUENCE_LOSSES else "token-mean"
+            for rows in torch.randperm(len(adv), generator=gen).chunk(args.mini_batches):
+                m = rmask[rows]
+                loss, _ = policy_loss(args.loss, old[rows], token_logp(rows), adv[rows].unsqueeze(1) * m, m,
+                                      loss_agg_mode=mode, config=PolicyLossConfig(dro_beta=0.1))
+                opt.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+                opt.step()
 
         mean_r = rewards.mean().item()
         history.append(mean_r)
@@ -142,7 +171,7 @@ def main() -> None:
     val_rewards = rollout(test, 1, greedy=True)[4]
     elapsed = time.time() - t0
     first = next((i + 1 for i in range(len(history)) if statistics.mean(history[max(0, i - 4):i + 1]) >= 0.8), None)
-    print(f"summary: seed {args.seed} lr {args.lr}: reward first step {history[0]:.3f}, "
+    print(f"summary: seed {args.seed} lr {args.lr} loss {args.loss} x{args.mini_batches}: reward first step {history[0]:.3f}, "
           f"mean of first 5 {statistics.mean(history[:5]):.3f}, mean of last 5 {statistics.mean(history[-5:]):.3f}; "
           f"5-step mean >= 0.8 at step {first}; greedy val {val_rewards.mean():.3f}; "
           f"{elapsed:.1f}s total, {elapsed / args.steps:.2f}s/step", flush=True)

@@ -44,7 +44,8 @@ class Client:
         from grpo_api.jobfile import load_job
         from grpo_api.records import RunLayout
         from grpo_api.storage import Storage, job_root
-        from grpo_trainer.rollout_client import RolloutDispatcher, RolloutServers
+        from grpo_trainer.rollout_client import RolloutDispatcher
+        from grpo_trainer.rollout_servers import RolloutServers
 
         class NoWeights:   # this check sets each version itself
             def ensure_version(self, worker, version):
@@ -159,6 +160,7 @@ def main(argv=None) -> int:
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
+    from grpo_trainer.lora import wrapper
     from grpo_trainer.model import build_policy
     from grpo_api.rpc import RolloutClients
     from grpo_trainer.weight_sync import GrpcWeightSender, IpcWeightSender
@@ -193,7 +195,7 @@ def main(argv=None) -> int:
         # 2. logprob parity with the trainer
         hb.init_dist(dev)
         job = client.job
-        policy = build_policy(job.spec.model, dev, compile=False)
+        policy = build_policy(job.spec.model, dev, compile=False, wrap=wrapper(job.spec.model))
         parity = logprob_parity(args, policy, samples, 1.0)
         hb.log(f"logprob |delta| mean {parity['mean_abs']:.2e} max {parity['max_abs']:.2e} "
                f"(ratio {parity['ratio_min']:.3f}..{parity['ratio_max']:.3f})")

@@ -302,6 +302,7 @@ def cmd_train_rank(args) -> None:
     from transformers import AutoConfig
 
     from grpo_trainer import actor, batch as batching
+    from grpo_trainer.lora import wrapper
     from grpo_trainer.model import build_optimizer, build_policy, build_reference
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     cuda = not args.tiny
@@ -313,7 +314,7 @@ def cmd_train_rank(args) -> None:
     spec = hb.load_bench_job(args, **{"spec.trainer.maxTokensPerGPU": args.max_tokens[0]}).spec
     config = AutoConfig.from_pretrained(spec.model.path)
     peak = hb.matmul_rate(dev)
-    model = build_policy(spec.model, dev, compile=args.compile)
+    model = build_policy(spec.model, dev, compile=args.compile, wrap=wrapper(spec.model))
     ref = build_reference(spec.model, dev, cpu_offload=False, compile=args.compile)
     opt, sched = build_optimizer(model, spec.trainer, total_steps=1000)
 

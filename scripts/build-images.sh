@@ -5,8 +5,8 @@
 # base-image build args instead:
 #   localhost/grpo-e2e/python:KEY  Debian bookworm (mmdebstrap) with python3, pip and venv
 #   localhost/grpo-e2e/torch:KEY   that plus torch from PyPI (it runs on CPU)
-# The rollout image is built with ROLLOUT_EXTRAS=rollout: the node has no GPU, its pods use the
-# hf engine. Everything else is exactly what the Dockerfiles do with the wheel they build.
+# The rollout image is built with ROLLOUT_EXTRAS=rollout,trainer: the node has no GPU, its pods use
+# the hf engine (and colocated jobs' trainer pods run in it). Everything else is exactly what the Dockerfiles do with the wheel they build.
 #
 # Cached by content: each image's tag is a hash of what it is built from (its base, its
 # Dockerfile, pyproject.toml and the source roots), and an image whose tag exists is not
@@ -107,7 +107,7 @@ sources_key=$(cd "$repo" && find pyproject.toml api operator trainer_image rollo
 declare -A args=(
   [operator]="PYTHON_BASE=$python_base"
   [trainer]="PYTHON_BASE=$python_base TRAINER_BASE=$torch_base"
-  [rollout]="PYTHON_BASE=$python_base ROLLOUT_BASE=$torch_base ROLLOUT_EXTRAS=rollout"
+  [rollout]="PYTHON_BASE=$python_base ROLLOUT_BASE=$torch_base ROLLOUT_EXTRAS=rollout,trainer"
 )
 json="\"pause\": \"$pause\""
 for name in operator trainer rollout; do

@@ -2,7 +2,7 @@
 # Generates the Python gRPC stubs of api/grpo_api/proto/{rollout,reward,sandbox}.proto with grpcio-tools (the
 # version pinned in pyproject's dev extra) and rewrites their imports to be package-relative
 # (protoc writes `import rollout_pb2`, which only works with the folder on sys.path).
-# The stubs are committed; tests/rollout/test_proto_stubs.py regenerates them and diffs.
+# The stubs are committed; tests/api/test_proto_stubs.py regenerates them and diffs.
 #
 # usage: scripts/gen-proto.sh [OUT_DIR]   (default: api/grpo_api/proto, next to the .proto)
 set -euo pipefail

@@ -125,3 +125,31 @@ class Prometheus:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+def pod_monitor_targets(pod_monitor: dict, pods: dict[str, dict]) -> set[tuple[str, str]]:
+    """The (pod, port name) targets Prometheus scrapes for `pod_monitor` among `pods` (name ->
+    pod template), as the Prometheus Operator configures it: the selector's labels and NotIn
+    expressions, an endpoint's `port` by name (every declared container port without one), then
+    its `keep` relabelings over the pod's meta labels (regexes anchored, as Prometheus's are)."""
+    import re
+    spec, targets = pod_monitor["spec"], set()
+    for pod_name, pod in pods.items():
+        labels = pod["metadata"].get("labels", {})
+        if any(labels.get(k) != v for k, v in spec["selector"].get("matchLabels", {}).items()):
+            continue
+        if any(e["operator"] == "NotIn" and labels.get(e["key"]) in e["values"]
+               for e in spec["selector"].get("matchExpressions", [])):
+            continue
+        meta = {f"__meta_kubernetes_pod_label_{re.sub('[^a-zA-Z0-9_]', '_', k)}": v for k, v in labels.items()}
+        ports = [p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])]
+        for endpoint in spec["podMetricsEndpoints"]:
+            for port in ports:
+                if endpoint.get("port", port) != port:
+                    continue
+                values = {**meta, "__meta_kubernetes_pod_container_port_name": port}
+                if all(rule["action"] == "keep" and re.fullmatch(
+                        rule["regex"], ";".join(values.get(s, "") for s in rule["sourceLabels"]))
+                       for rule in endpoint.get("relabelings", [])):
+                    targets.add((pod_name, port))
+    return targets

@@ -7,6 +7,7 @@ import sys
 from importlib.metadata import entry_points
 
 from grpo_api import __version__
+from grpo_api.contracts import BAD_INPUT_EXIT_CODE
 
 
 def _commands() -> dict:
@@ -14,13 +15,14 @@ def _commands() -> dict:
 
 
 def _summary(entry_point) -> str:
-    """The first line of the command function's docstring. Loading it is cheap: command modules
-    import their heavy dependencies inside the functions."""
+    """The first paragraph of the command function's docstring, on one line (a summary that wraps
+    in the source is not cut mid-sentence). Loading it is cheap: command modules import their
+    heavy dependencies inside the functions."""
     try:
         fn = entry_point.load()
     except ImportError:  # a package whose extra isn't installed (e.g. the operator without kopf)
         return "(not installed)"
-    return ((fn.__doc__ or "").strip().splitlines() or [""])[0]
+    return " ".join((fn.__doc__ or "").strip().split("\n\n")[0].split())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         close = difflib.get_close_matches(name, commands, n=1)
         hint = f" Did you mean '{close[0]}'?" if close else ""
         print(f"grpo: unknown command '{name}'.{hint} Run `grpo --help`.", file=sys.stderr)
-        return 2
+        return BAD_INPUT_EXIT_CODE
     return int(commands[name].load()(rest) or 0)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -48,8 +49,10 @@ def from_verl(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="grpo from-verl",
         description="Translate a verl launch command (python3 -m verl.trainer.main_ppo key=value ...) or a verl "
-                    "YAML config into a GRPOJob. Warnings (keys with no meaning here) and errors (features "
-                    "this operator doesn't have) go to stderr; errors exit 1 and write nothing.",
+                    "YAML config into a GRPOJob. A script is run by bash with its launchers stubbed, so the "
+                    "arguments are the ones bash passes. Warnings (keys with no meaning here) and errors (features "
+                    "this operator doesn't have) go to stderr; errors exit 2 and write nothing (unreadable "
+                    "input, and warnings with --strict, exit 1).",
         epilog="examples:  grpo from-verl run_qwen3-8b.sh -o job.yaml\n"
                "           grpo from-verl - < command.txt\n"
                "           grpo from-verl run_qwen3-8b.sh -- algorithm.norm_adv_by_std_in_grpo=False\n"
@@ -61,6 +64,8 @@ def from_verl(argv: list[str]) -> int:
     parser.add_argument("-o", "--output", help="write the GRPOJob here (default: stdout)")
     parser.add_argument("--expand-env", action="store_true",
                         help="substitute environment variables ($HOME, ~) instead of leaving them as written")
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                        help="set a variable for the script's run (e.g. --env DEVICE=gpu --env NNODES=2); repeatable")
     parser.add_argument("--name", help="metadata.name (default: from trainer.experiment_name)")
     parser.add_argument("--namespace", help="metadata.namespace")
     parser.add_argument("--strict", action="store_true", help="treat warnings as errors")
@@ -76,8 +81,12 @@ def from_verl(argv: list[str]) -> int:
     if args.markdown_table:
         sys.stdout.write(fv.markdown_table())
         return 0
+    bad = [e for e in args.env if not re.fullmatch(r"[A-Za-z_]\w*=.*", e, re.S)]
+    if bad:
+        parser.error(f"--env {bad[0]!r}: expected KEY=VALUE, KEY a shell variable name")
+    env = dict(e.split("=", 1) for e in args.env)
     try:
-        cfg, source = vc.read_input(args.input, args=rest, expand_env=args.expand_env)
+        cfg, source = vc.read_input(args.input, args=rest, expand_env=args.expand_env, env=env)
     except vc.VerlInputError as exc:
         print(f"grpo from-verl: {exc}", file=sys.stderr)
         return 1
@@ -89,7 +98,7 @@ def from_verl(argv: list[str]) -> int:
     if result.errors or (args.strict and result.warnings):
         print(f"grpo from-verl: not translated ({len(result.errors)} error(s), {len(result.warnings)} "
               f"warning(s){', --strict' if args.strict else ''})", file=sys.stderr)
-        return 1
+        return 2 if result.errors else 1
     text = fv.render(result, source)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:

@@ -15,8 +15,8 @@ from grpo_api.jobfile import k8s_yaml
 from grpo_api.spec import (API_GROUP, API_VERSION, CROSS_FIELD_RULES, KIND, KUBERNETES_RULES, MAX_NAME_LENGTH,
                            MUTABLE_SPEC_FIELDS, NAME_PATTERN, PLURAL, GRPOJobSpec, GRPOJobStatus)
 
-# Fields whose content is free-form Kubernetes (partial pod templates).
-_PRESERVE_UNKNOWN = {"template"}
+# Fields whose content is free-form: Kubernetes (partial pod templates), a reward function's kwargs.
+_PRESERVE_UNKNOWN = {"template", "kwargs"}
 
 
 def _structural(node: Any, defs: dict[str, Any]) -> Any:

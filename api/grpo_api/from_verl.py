@@ -27,8 +27,8 @@ from typing import Any, Callable
 import yaml
 
 from grpo_api.jobfile import JobError, K8sDumper, _child_model, parse_job
-from grpo_api.spec import (API_GROUP, API_VERSION, KIND, AdvEstimator, GRPOJob, GRPOJobSpec, KLType, PolicyLoss,
-                           TrainerSpec)
+from grpo_api.spec import (API_GROUP, API_VERSION, KIND, SEQUENCE_LOSSES, AdvEstimator, GRPOJob, GRPOJobSpec, KLType,
+                           PolicyLoss, TrainerSpec)
 from grpo_api.verl_command import VerlConfig
 
 MISSING: Any = object()
@@ -76,6 +76,8 @@ _VERL_DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.actor.optim.lr_warmup_steps": -1, "actor_rollout_ref.rollout.val_kwargs.do_sample": False,
     "custom_reward_function.name": "compute_score", "trainer.resume_mode": "auto",
     "critic.use_dynamic_bsz": False, "critic.optim.lr_warmup_steps": -1,
+    "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla", "actor_rollout_ref.actor.use_kl_loss": False,
+    "actor_rollout_ref.actor.entropy_coeff": 0,
 }
 
 
@@ -174,6 +176,24 @@ def _target_modules(value, ctx):
     return [str(n).strip() for n in names if str(n).strip()]
 
 
+def _exclude_modules(value, ctx):
+    """verl passes exclude_modules to PEFT: a string is a regular expression matched against the
+    whole module name; a list names modules or their dotted suffixes, which is this expression."""
+    if isinstance(value, list):
+        names = "|".join(re.escape(str(n).strip()) for n in value if str(n).strip())
+        return rf"(?:.*\.)?(?:{names})" if names else SKIP
+    return SKIP if _nullish(value) else str(value)
+
+
+def _val_only(value, ctx):
+    # verl's fit() returns after the validation before training, so without that validation it trains.
+    if value and ctx.flat.get("trainer.val_before_train") is False:
+        ctx.warn("trainer.val_only=True is ignored by verl with trainer.val_before_train=False (it trains): "
+                 "so here too")
+        return SKIP
+    return bool(value) if value is not None else SKIP
+
+
 def _adapter_path(value, ctx):
     path = str(value)
     if "://" in path and not path.startswith("file://"):
@@ -223,6 +243,29 @@ def _micro_batch(value, ctx):
     return per_gpu
 
 
+def _placement(value, ctx):
+    return "colocated" if value in (True, "True", "true") else "separate"
+
+
+def _offload_between_phases(value, ctx):
+    # verl moves the actor off the GPUs while its hybrid engine generates; separate placement has
+    # no such phase (the trainer's GPUs are its own): nothing to free them for.
+    on = value in (True, "True", "true")
+    return True if on and _placement(ctx.get("actor_rollout_ref.hybrid_engine"), ctx) == "colocated" else SKIP
+
+
+def _colocated_replicas(value, ctx):
+    if _placement(value, ctx) != "colocated":
+        return SKIP
+    nproc = ctx.number("trainer.n_gpus_per_node")
+    tp = ctx.number("actor_rollout_ref.rollout.tensor_model_parallel_size")
+    if nproc % tp:
+        raise Unsupported(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide "
+                          f"trainer.n_gpus_per_node={nproc}: each node runs one rollout server per "
+                          "tensor-parallel group")
+    return ctx.number("trainer.nnodes") * nproc // tp
+
+
 def _gpus(ctx) -> int:
     return max(1, ctx.number("trainer.nnodes") * ctx.number("trainer.n_gpus_per_node"))
 
@@ -269,11 +312,15 @@ def _warmup_steps(value, ctx):
 
 
 def _warmup_ratio(steps_key: str):
+    # verl uses the ratio only when the steps are None, 0 or negative (lr_warmup_steps is "prioritized").
     def convert(value, ctx):
-        if not value or ctx.get(steps_key) >= 0:
+        steps = ctx.get(steps_key)
+        if not value:
             return SKIP
-        raise Unsupported(f"a warmup ratio needs the run's total steps, which depend on the dataset size; set "
-                          f"{steps_key}=N instead (N = ratio x total steps)")
+        if steps is not None and steps > 0:
+            ctx.warn(f"{steps_key}={steps} overrides the warmup ratio {value} in verl: the ratio is dropped")
+            return SKIP
+        return value
     return convert
 
 
@@ -429,6 +476,25 @@ def _reward_function_09(value, ctx):
     return f"{value}:{name}"
 
 
+def _reward_kwargs(prefix: str, path_key: str):
+    """verl's custom_reward_function.reward_kwargs (every key under `prefix`) as reward.kwargs, the
+    extra keyword arguments of every call; verl passes them only to a custom function."""
+    def convert(value, ctx):
+        if not ctx.has(path_key):
+            ctx.warn(f"ignored, as verl ignores it without {path_key}")
+            return SKIP
+        out: dict[str, Any] = {}
+        for key, v in ctx.flat.items():
+            if key.startswith(prefix):
+                node = out
+                *parents, leaf = key[len(prefix):].split(".")
+                for p in parents:
+                    node = node.setdefault(p, {})
+                node[leaf] = v
+        return out
+    return convert
+
+
 def _resume_from_path(value, ctx):
     if ctx.get("trainer.resume_mode") != "resume_path":
         ctx.warn("ignored, as verl ignores it without trainer.resume_mode=resume_path")
@@ -439,12 +505,15 @@ def _resume_from_path(value, ctx):
 
 
 def _loss_agg_mode(value, ctx):
-    if value == "seq-mean-token-sum-norm":
-        ctx.warn("normalised as the Dr.GRPO paper and TRL's dr_grpo do: the mini-batch's token-loss sum / "
-                 "(responses x loss_scale_factor). verl divides by loss_scale_factor per micro-batch, then by the "
-                 "micro-batch count, so verl's loss is ppo_micro_batch_size_per_gpu x ours: the Adam update is the "
-                 "same, gradient norms (and what grad_clip cuts) differ")
-    return value
+    loss = ctx.get("actor_rollout_ref.actor.policy_loss.loss_mode")
+    if loss not in SEQUENCE_LOSSES:
+        return SKIP if ctx.absent else value
+    if value != "seq-mean-token-mean" and not ctx.absent:
+        ctx.warn(f"verl aggregates policy loss {loss} as seq-mean-token-mean whatever this says; so does the job")
+    if ctx.get("actor_rollout_ref.actor.use_kl_loss") or ctx.get("actor_rollout_ref.actor.entropy_coeff"):
+        ctx.warn(f"the KL loss and entropy bonus are aggregated as seq-mean-token-mean too (verl: as {value}): "
+                 f"one lossAggMode serves every term here")
+    return "seq-mean-token-mean"
 
 
 def _max_resp_len(value, ctx):
@@ -457,6 +526,26 @@ def _max_resp_len(value, ctx):
 _DTYPE = _choice({"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
                   "half": "float16", "float32": "float32", "fp32": "float32", "float": "float32"}, what="dtype")
 _ESTIMATORS = {e.value: e.value for e in AdvEstimator}
+# verl's registered estimators and losses that need a piece not built here: refused, naming it.
+_ESTIMATORS_REFUSED = {
+    "remax": "remax needs a greedy baseline generation per prompt on the rollout servers, not built yet; "
+             "use rloo or grpo",
+    "gdpo": "gdpo normalises each reward component apart (algorithm.gdpo_reward_keys): it needs the reward "
+            "function's components carried to the advantage computation, not built yet; use grpo",
+    "optimal_token_baseline": "optimal_token_baseline needs the old policy's sum of squared token probabilities "
+                              "over the vocabulary (sum_pi_squared), which the trainer's log-prob pass doesn't "
+                              "compute yet; use grpo or rloo",
+    "tir_optimal_token_baseline": "tir_optimal_token_baseline needs the old policy's sum_pi_squared, which the "
+                                  "trainer's log-prob pass doesn't compute yet; use grpo or rloo",
+}
+_LOSSES_REFUSED = {
+    "gvpo": "gvpo (recipe.gvpo) centres each response's log-ratio on its prompt group's mean inside the loss: "
+            "it needs every group's n responses in one micro-batch step across ranks, which the trainer's "
+            "micro-batching doesn't keep; not built",
+    "bypass_mode": "verl's loss behind algorithm.rollout_correction.bypass_mode: set that instead "
+                   "(algorithm.rolloutCorrection.bypassMode, PPO-clip against the engine's log-probs; its "
+                   "reinforce loss_type is not built)",
+}
 _KL_TYPE = _choice({t: t for t in typing.get_args(KLType)},
                    {"full": "the full-vocabulary KL is not supported; use low_var_kl"}, "KL type")
 _POLICY_LOSSES = {name: name for name in typing.get_args(PolicyLoss)}
@@ -466,12 +555,69 @@ _MICRO_LOGPROB = ("log-prob micro-batching of verl's workers; log-probs here use
                   "maxTokensPerGPU")
 _SPEED = "a verl kernel/speed setting with no effect on the result; not needed here"
 
+# Entry points whose trainer is the one a GRPOJob runs: verl's PPO trainer (main_ppo_sync is its
+# synchronous form) and DAPO's, whose additions (dynamic sampling, the overlong buffer) are mapped.
+# A recipe's own trainer (FlowRL, PRIME, SPIN, ...) would silently become GRPO or PPO: refused.
+HONOURED_ENTRIES = ("verl.trainer.main_ppo", "verl.trainer.main_ppo_sync", "recipe.dapo.main_dapo")
+
+
+def _entry_error(entry: str | None) -> str | None:
+    if entry in (None, "yaml"):
+        return None
+    module = ".".join(p for p in entry.removesuffix(".py").split("/") if p not in ("", ".", ".."))
+    if any(module == e or module.endswith("." + e) for e in HONOURED_ENTRIES):
+        return None
+    return (f"{entry}: {module} runs a trainer of its own, which is not implemented here (translated, its algorithm "
+            f"would silently become PPO or GRPO); only {', '.join(HONOURED_ENTRIES)} translate")
+
+
+# Vision-language: Qwen2.5-VL and Qwen3-VL (dense or MoE) train with their images (data.image_key;
+# the hf engine generates with them). Other VL models (GLM-4.1V, MiniCPM-o ...) would train on the
+# prompts' text without their images; videos are not read.
+_VL = "vision-language models other than Qwen2.5-VL and Qwen3-VL are not supported yet (issue 45)"
+_VIDEO = "videos are not supported yet (issue 45): only images (data.image_key)"
+_VL_MODEL = re.compile(r"(?i:[-_]vl([-_/.]|$)|llava|internvl|[-_]omni|minicpm-[vo])|\d(\.\d+)?V[-_]")   # GLM-4.1V-9B
+_QWEN_VL = re.compile(r"(?i)qwen(2\.5|3)-vl")
+
+
+def _model_path(value, ctx):
+    if _VL_MODEL.search(str(value)) and not _QWEN_VL.search(str(value)):
+        raise Unsupported(f"{_VL}: the model looks like one")
+    return value
+
+
+def _rollout_engine(value, ctx):
+    engine = _choice({"vllm": "vllm", "hf": "hf"}, {"sglang": "SGLang rollout is not supported; use vllm",
+                                                    "trtllm": "TensorRT-LLM rollout is not supported; use vllm"},
+                     "rollout engine")(value, ctx)
+    if engine == "vllm" and (ctx.has("data.image_key") or _VL_MODEL.search(str(ctx.flat.get("actor_rollout_ref.model.path")))):
+        # A job that can't generate is refused here, not translated to fail at its first step.
+        raise Unsupported("vLLM's multimodal inputs are not built yet (issue 45): its rollout servers refuse prompts "
+                          "with images; to translate for the hf engine (CPU and development, not tested on GPU), "
+                          "pass actor_rollout_ref.rollout.name=hf after the script")
+    return engine
+
+
+# `key=True` under a namespace ignored wholesale, or a key no rule names, is an error (a feature
+# the job would silently train without) unless its leaf is one of these: speed, memory and
+# bookkeeping switches of verl's workers that leave what is trained unchanged.
+_HARMLESS_ON = frozenset((
+    "use_torch_compile", "entropy_checkpointing", "entropy_from_logits_with_chunking", "enable_activation_offload",
+    "offload_policy", "reshard_after_forward", "use_orig_params", "param_offload", "optimizer_offload",
+    "grad_offload", "multi_stage_wake_up", "layered_summon", "free_cache_engine", "enable_chunked_prefill",
+    "enable_prefix_caching", "log_prob_use_dynamic_bsz", "use_dynamic_bsz",
+    "return_raw_chat", "trust_remote_code", "use_remove_padding", "use_prefix_grouper", "use_liger", "use_shm",
+    "calculate_sum_pi_squared", "enable_resource_pool", "relocate_results", "disable_log_stats", "enforce_eager",
+    "log", "balance_batch", "return_full_prompt", "skip_tokenizer_init", "use_fused_kernels",
+))
+
 # fmt: off
 RULES: tuple[Rule, ...] = (
     # algorithm
-    Map("algorithm.adv_estimator", "algorithm.advEstimator", "grpo, rloo, reinforce_plus_plus(_baseline), opo; "
-        "gae (PPO, with the critic)", _choice(_ESTIMATORS, {"remax": "remax is not supported; use rloo or grpo"},
-        "advantage estimator"), absent="gae"),
+    Map("algorithm.adv_estimator", "algorithm.advEstimator", "grpo(_vectorized), rloo(_vectorized), "
+        "reinforce_plus_plus(_baseline), opo, gpg, grpo_passk; gae (PPO, with the critic); remax, gdpo and "
+        "(tir_)optimal_token_baseline are errors", _choice(_ESTIMATORS, _ESTIMATORS_REFUSED, "advantage estimator"),
+        absent="gae"),
     Map("algorithm.norm_adv_by_std_in_grpo", "algorithm.normAdvByStd", "false + seq-mean-token-sum-norm = Dr.GRPO"),
     Map("algorithm.gamma", "algorithm.gamma"),
     Map("algorithm.filter_groups.enable", "algorithm.filterGroups", "DAPO dynamic sampling"),
@@ -524,6 +670,13 @@ RULES: tuple[Rule, ...] = (
         _choice({"error": "error", "left": "left", "right": "right"}, what="truncation mode")),
     Map("data.shuffle", "data.shuffle"),
     Map("data.seed", "data.seed"),
+    Map("data.image_key", "data.imageKey", "a vision-language model's images (Qwen2.5-VL, Qwen3-VL)"),
+    Refuse("data.video_key", _VIDEO),
+    Refuse("data.image_patch_size", "the model's image processor's own patch size is used", ok=(None, 14)),
+    Ignore("data.return_multi_modal_inputs", "the trainer computes the images' inputs itself, per micro-batch"),
+    Refuse("data.filter_accuracy", "filtering prompts by their accuracy is not supported", ok=(False, None)),
+    Ignore("data.accuracy_lower_bound", "only used with data.filter_accuracy"),
+    Ignore("data.accuracy_upper_bound", "only used with data.filter_accuracy"),
     Refuse("data.reward_fn_key", "rewards dispatch on data_source here", ok=("data_source",)),
     Refuse("data.custom_cls.path", "custom dataset classes are not supported; write verl-layout parquet",
            ok=(None,)),
@@ -542,7 +695,8 @@ RULES: tuple[Rule, ...] = (
     Refuse("data.val_max_samples", "use a smaller parquet file", ok=(-1, None)),
     Ignore("data.*", "a verl dataloader setting with no counterpart here"),
     # actor_rollout_ref.model
-    Map("actor_rollout_ref.model.path", "model.path"),
+    Map("actor_rollout_ref.model.path", "model.path",
+        "a vision-language model other than Qwen2.5-VL and Qwen3-VL is an error", _model_path),
     Map("actor_rollout_ref.model.tokenizer_path", "model.tokenizerPath"),
     Map("actor_rollout_ref.model.trust_remote_code", "model.trustRemoteCode"),
     Map("actor_rollout_ref.model.enable_gradient_checkpointing", "model.gradientCheckpointing"),
@@ -560,10 +714,10 @@ RULES: tuple[Rule, ...] = (
     Map("actor_rollout_ref.model.lora.merge", "model.lora.merge", "only with LoRA", _lora_only()),
     Map("actor_rollout_ref.model.lora_adapter_path", "model.lora.adapterPath", "a local or mounted folder",
         _adapter_path),
-    Refuse("actor_rollout_ref.model.exclude_modules", "LoRA's exclude_modules is not supported: name the "
-           "targets (target_modules)", ok=(None, [], "")),
-    Refuse("actor_rollout_ref.model.lora.exclude_modules", "LoRA's exclude_modules is not supported: name the "
-           "targets (target_modules)", ok=(None, [], "")),
+    Map("actor_rollout_ref.model.exclude_modules", "model.lora.excludeModules", "a regex, or a list of names "
+        "(as a regex)", _lora_only(_exclude_modules)),
+    Map("actor_rollout_ref.model.lora.exclude_modules", "model.lora.excludeModules", "a regex, or a list of names "
+        "(as a regex)", _lora_only(_exclude_modules)),
     Refuse("actor_rollout_ref.model.custom_chat_template", "custom chat templates are not supported: put the "
            "template in the tokenizer (model.tokenizerPath)", ok=(None,)),
     Refuse("actor_rollout_ref.model.external_lib", "external model libraries are not loaded", ok=(None,)),
@@ -596,12 +750,21 @@ RULES: tuple[Rule, ...] = (
     Map("actor_rollout_ref.actor.clip_ratio_low", "algorithm.clipRatioLow"),
     Map("actor_rollout_ref.actor.clip_ratio_high", "algorithm.clipRatioHigh", "0.28 = DAPO clip-higher"),
     Map("actor_rollout_ref.actor.clip_ratio_c", "algorithm.clipRatioC"),
-    Map("actor_rollout_ref.actor.loss_agg_mode", "algorithm.lossAggMode",
-        "seq-mean-token-sum-norm: verl's loss is micro-batch size x ours (warns)", _loss_agg_mode),
+    Map("actor_rollout_ref.actor.loss_agg_mode", "algorithm.lossAggMode", "seq-mean-token-mean with loss_mode "
+        "gspo, sapo, geo_mean (verl forces it)", _loss_agg_mode, absent="token-mean"),
     Map("actor_rollout_ref.actor.loss_scale_factor", "algorithm.lossScaleFactor"),
-    Map("actor_rollout_ref.actor.policy_loss.loss_mode", "algorithm.policyLoss", "vanilla, gspo",
-        _choice(_POLICY_LOSSES, what="policy loss")),
-    Ignore("actor_rollout_ref.actor.policy_loss.*", "parameters of policy losses other than vanilla and gspo"),
+    Map("actor_rollout_ref.actor.policy_loss.loss_mode", "algorithm.policyLoss", "vanilla, gspo, clip_cov, kl_cov, "
+        "cispo, sapo, geo_mean, gpg, dppo_tv, dppo_kl, dro; gvpo is an error",
+        _choice(_POLICY_LOSSES, _LOSSES_REFUSED, what="policy loss")),
+    *(Map(f"actor_rollout_ref.actor.policy_loss.{key}", f"algorithm.policyLossConfig.{field}")
+      for key, field in (("clip_cov_ratio", "clipCovRatio"), ("clip_cov_lb", "clipCovLb"), ("clip_cov_ub", "clipCovUb"),
+                         ("kl_cov_ratio", "klCovRatio"), ("ppo_kl_coef", "ppoKlCoef"), ("dro_beta", "droBeta"))),
+    Map("actor_rollout_ref.actor.tau_pos", "algorithm.policyLossConfig.tauPos", "SAPO"),
+    Map("actor_rollout_ref.actor.tau_neg", "algorithm.policyLossConfig.tauNeg", "SAPO"),
+    # verl's SAPO example scripts write them here, where verl's PolicyLossConfig has no such key
+    Map("actor_rollout_ref.actor.policy_loss.tau_pos", "algorithm.policyLossConfig.tauPos", "as actor.tau_pos"),
+    Map("actor_rollout_ref.actor.policy_loss.tau_neg", "algorithm.policyLossConfig.tauNeg", "as actor.tau_neg"),
+    Ignore("actor_rollout_ref.actor.policy_loss.*", "parameters of policy losses not offered here"),
     Map("actor_rollout_ref.actor.entropy_coeff", "algorithm.entropyCoeff"),
     Map("actor_rollout_ref.actor.use_kl_loss", "algorithm.useKLLoss"),
     Map("actor_rollout_ref.actor.kl_loss_coef", "algorithm.klLossCoef"),
@@ -611,8 +774,9 @@ RULES: tuple[Rule, ...] = (
     Map("actor_rollout_ref.actor.optim.lr", "trainer.lr"),
     Map("actor_rollout_ref.actor.optim.lr_warmup_steps", "trainer.lrWarmupSteps", "-1 (use the ratio) = 0",
         _warmup_steps),
-    Map("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", "trainer.lrWarmupSteps", "non-zero is an error: "
-        "give steps", _warmup_ratio("actor_rollout_ref.actor.optim.lr_warmup_steps")),
+    Map("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", "trainer.lrWarmupStepsRatio", "dropped (a "
+        "warning) when lr_warmup_steps > 0, as verl does",
+        _warmup_ratio("actor_rollout_ref.actor.optim.lr_warmup_steps")),
     Map("actor_rollout_ref.actor.optim.weight_decay", "trainer.weightDecay"),
     Map("actor_rollout_ref.actor.optim.lr_scheduler_type", "trainer.lrScheduler", "constant, cosine",
         _choice({"constant": "constant", "cosine": "cosine"}, what="LR schedule")),
@@ -627,8 +791,14 @@ RULES: tuple[Rule, ...] = (
     Ignore("actor_rollout_ref.actor.checkpoint.*", "checkpoint contents are not a setting here (model, optimizer "
            "and sampler state)"),
     Ignore("actor_rollout_ref.actor.profiler.*", "profiling is not configured from the job"),
-    Ignore("actor_rollout_ref.actor.freeze_vision_tower", "vision-language models are not supported"),
+    Map("actor_rollout_ref.actor.freeze_vision_tower", "trainer.freezeVisionTower"),
+    Map("actor_rollout_ref.actor.fsdp_config.param_offload", "trainer.paramOffload", "colocated: off the GPUs "
+        "while the engines generate", _offload_between_phases),
+    Map("actor_rollout_ref.actor.fsdp_config.optimizer_offload", "trainer.optimizerOffload", "colocated: off the "
+        "GPUs while the engines generate", _offload_between_phases),
     Ignore("actor_rollout_ref.actor.rollout_n", "verl copies actor_rollout_ref.rollout.n here"),
+    Refuse("actor_rollout_ref.actor.loss_mode", "an older spelling of policy_loss.loss_mode: set that",
+           ok=(None, "vanilla")),
     Refuse("actor_rollout_ref.actor.megatron.*", "the trainer is FSDP2 only (no Megatron)"),
     Ignore("actor_rollout_ref.actor.*", _SPEED),
     # actor_rollout_ref.ref
@@ -637,10 +807,8 @@ RULES: tuple[Rule, ...] = (
     Ignore("actor_rollout_ref.ref.*", "reference-model worker tuning; the reference model shares the "
            "trainer's sharding"),
     # actor_rollout_ref.rollout
-    Map("actor_rollout_ref.rollout.name", "rollout.engine", "vllm, hf; sglang is an error",
-        _choice({"vllm": "vllm", "hf": "hf"}, {"sglang": "SGLang rollout is not supported; use vllm",
-                                                "trtllm": "TensorRT-LLM rollout is not supported; use vllm"},
-                "rollout engine")),
+    Map("actor_rollout_ref.rollout.name", "rollout.engine", "vllm, hf; sglang is an error; vllm with images "
+        "warns (not built)", _rollout_engine),
     Map("actor_rollout_ref.rollout.n", "rollout.n", "the group size", absent=1),
     Map("actor_rollout_ref.rollout.tensor_model_parallel_size", "rollout.tensorParallelSize", "GPUs per rollout "
         "server", absent=2),
@@ -651,6 +819,8 @@ RULES: tuple[Rule, ...] = (
     Map("actor_rollout_ref.rollout.top_k", "rollout.topK"),
     Map("actor_rollout_ref.rollout.max_num_batched_tokens", "rollout.maxNumBatchedTokens"),
     Map("actor_rollout_ref.rollout.enforce_eager", "rollout.enforceEager"),
+    Map("actor_rollout_ref.rollout.calculate_log_probs", "rollout.calculateLogProbs", "the records keep the "
+        "behaviour log-probs where training doesn't read them (on-policy, no rollout correction)"),
     Map("actor_rollout_ref.rollout.dtype", "model.dtype", "one dtype for training compute and rollout", _DTYPE),
     Map("actor_rollout_ref.rollout.val_kwargs.temperature", "rollout.valTemperature", "0 unless "
         "val_kwargs.do_sample=True, as in verl", _val_temperature),
@@ -690,14 +860,22 @@ RULES: tuple[Rule, ...] = (
     Refuse("actor_rollout_ref.rollout.ignore_eos", "generation stops at EOS here", ok=(False,)),
     Ignore("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", _MICRO_LOGPROB),
     Ignore("actor_rollout_ref.rollout.mode", "rollout servers are always separate, asynchronous vLLM servers"),
+    Refuse("actor_rollout_ref.rollout.quantization", "quantized rollout (e.g. fp8) is not supported: the rollout "
+           "servers generate in model.dtype", ok=(None, "None", "none")),
     Ignore("actor_rollout_ref.rollout.*", _VLLM_KNOB),
-    Refuse("actor_rollout_ref.hybrid_engine", "rollout always runs in separate servers here", ok=(True,)),
+    # verl's hybrid engine (its only mode): the rollout on the training GPUs, asleep while they train
+    Map("actor_rollout_ref.hybrid_engine", "rollout.placement", "True: colocated, the trainer pods run the "
+        "rollout servers on their GPUs (verl's GPU count)", _placement, absent=True),
+    Map("actor_rollout_ref.hybrid_engine", "rollout.replicas", "colocated: nnodes x n_gpus_per_node / "
+        "tensor_model_parallel_size, one server per tensor-parallel group", _colocated_replicas, absent=True),
     Ignore("actor_rollout_ref.*", "a verl worker setting with no counterpart here"),
     # rewards
     Map("custom_reward_function.path", "reward.function", "path:name, verl's compute_score contract",
         _reward_function),
     Check("custom_reward_function.name", "the function in custom_reward_function.path (default compute_score)",
           _reward_name),
+    Map("custom_reward_function.reward_kwargs.*", "reward.kwargs", "extra keyword arguments of every call of the "
+        "function", _reward_kwargs("custom_reward_function.reward_kwargs.", "custom_reward_function.path")),
     Check("reward_model.enable", "a reward model (with reward_model.model.path): reward.rewardModels",
           _reward_model_enable),
     Map("reward_model.model.path", "reward.rewardModels", "one classifier (a discriminative RM), its score the "
@@ -715,6 +893,8 @@ RULES: tuple[Rule, ...] = (
         _reward_function_09),
     Check("reward.custom_reward_function.name", "the function in reward.custom_reward_function.path",
           lambda value, ctx: SKIP),
+    Map("reward.custom_reward_function.reward_kwargs.*", "reward.kwargs", "verl 0.9's reward_kwargs",
+        _reward_kwargs("reward.custom_reward_function.reward_kwargs.", "reward.custom_reward_function.path")),
     Refuse("reward.reward_manager.name", "per-sample managers only (naive, dapo, prime)",
            ok=("naive", "dapo", "prime", None)),
     Refuse("reward.reward_manager.module.path", "custom reward managers are not supported; use "
@@ -756,8 +936,8 @@ RULES: tuple[Rule, ...] = (
     Ignore("critic.model.*", _OFFLOAD),
     Map("critic.optim.lr", "critic.lr"),
     Map("critic.optim.lr_warmup_steps", "critic.lrWarmupSteps", "-1 (use the ratio) = 0", _warmup_steps),
-    Map("critic.optim.lr_warmup_steps_ratio", "critic.lrWarmupSteps", "non-zero is an error: give steps",
-        _warmup_ratio("critic.optim.lr_warmup_steps")),
+    Map("critic.optim.lr_warmup_steps_ratio", "critic.lrWarmupStepsRatio", "dropped (a warning) when "
+        "lr_warmup_steps > 0, as verl does", _warmup_ratio("critic.optim.lr_warmup_steps")),
     Map("critic.optim.weight_decay", "critic.weightDecay"),
     Map("critic.optim.lr_scheduler_type", "critic.lrScheduler", "constant, cosine",
         _choice({"constant": "constant", "cosine": "cosine"}, what="LR schedule")),
@@ -782,7 +962,8 @@ RULES: tuple[Rule, ...] = (
     Map("trainer.experiment_name", "metadata.name", "DNS-1123: lower case, [a-z0-9-], 50 characters",
         _dns_name, absent="gsm8k"),
     Map("trainer.nnodes", "trainer.nnodes"),
-    Map("trainer.n_gpus_per_node", "trainer.nprocPerNode", "trainer GPUs; rollout GPUs are separate here",
+    Map("trainer.n_gpus_per_node", "trainer.nprocPerNode", "GPUs per node, shared by the trainer and the colocated "
+        "rollout servers (verl's hybrid engine)",
         absent=8),
     Refuse("trainer.device", "the trainer runs on cuda (or cpu for tests)", ok=("cuda", None)),
     Map("trainer.total_epochs", "trainer.totalEpochs", absent=30),
@@ -802,7 +983,10 @@ RULES: tuple[Rule, ...] = (
            "model and use it as actor_rollout_ref.model.path", ok=(None,)),
     Map("trainer.critic_warmup", "trainer.criticWarmup", "N here = verl's N - 1 (verl's step count starts at "
         "1)", _critic_warmup),
-    Refuse("trainer.val_only", "validation-only runs are not supported", ok=(False, None)),
+    Map("trainer.val_only", "trainer.valOnly", "verl ignores it with val_before_train=False (a warning)",
+        _val_only),
+    Refuse("trainer.ref_update_freq", "updating the reference model to the policy during training is not "
+           "supported (the reference is the initial model)", ok=(None, -1, 0)),
     Ignore("trainer.default_local_dir", "checkpoints go under the job's run (status.runUri)/checkpoints"),
     Ignore("trainer.default_hdfs_dir", "checkpoints go under spec.storage.uri (file:// or s3://)"),
     Ignore("trainer.balance_batch", "micro-batches are formed from length-sorted samples here"),
@@ -887,6 +1071,8 @@ def translate(cfg: VerlConfig, *, name: str | None = None, namespace: str | None
     ignored: dict[str, list[str]] = {}           # reason -> keys, one message per reason
     refused: dict[str, list[str]] = {}
     ctx = _Ctx(cfg.flat, expand_env)
+    if entry_error := _entry_error(cfg.entry):
+        errors.append(entry_error)
     for option in cfg.hydra_options:
         if "megatron" in option:
             errors.append(f"{option}: the trainer is FSDP2 only (no Megatron)")
@@ -927,7 +1113,9 @@ def translate(cfg: VerlConfig, *, name: str | None = None, namespace: str | None
 
     for key, value in cfg.flat.items():
         rules = rules_for(key)
-        turned_on = key.rsplit(".", 1)[-1] in ("enable", "enabled") and value not in (False, None, "false", "False")
+        leaf = key.rsplit(".", 1)[-1]
+        turned_on = ((leaf in ("enable", "enabled") and value not in (False, None, "false", "False"))
+                     or (value is True and leaf not in _HARMLESS_ON and not leaf.startswith("disable")))
         if turned_on and rules and all(r.kind == "ignore" and r.verl.endswith("*") for r in rules):
             # A feature turned on under a namespace ignored wholesale (vLLM's knobs, ...): the job
             # would silently train without it.
@@ -950,6 +1138,7 @@ def translate(cfg: VerlConfig, *, name: str | None = None, namespace: str | None
             apply(rule, rule.verl, rule.absent, absent=True)
     warnings += [f"{_listed(keys)}: ignored: {reason}" for reason, keys in ignored.items()]
     errors += [f"{_listed(keys)}: {reason}" for reason, keys in refused.items()]
+    _drop_unused_critic(doc, origin, warnings)
     if name:
         doc["metadata"]["name"] = name
     if namespace:
@@ -961,6 +1150,16 @@ def translate(cfg: VerlConfig, *, name: str | None = None, namespace: str | None
     except JobError as exc:
         return Translation(None, None, _unique(warnings), [_with_origin(e, origin) for e in exc.errors])
     return Translation(_ordered(doc, GRPOJob), job, _unique(warnings), [])
+
+
+def _drop_unused_critic(doc: dict, origin: dict[str, str], warnings: list[str]) -> None:
+    """verl builds a critic only for adv_estimator gae and ignores critic.* otherwise (scripts
+    often carry them); a spec refuses a critic section it would not use, so it goes, said."""
+    spec = doc["spec"]
+    if "critic" in spec and spec.get("algorithm", {}).get("advEstimator", "gae") != "gae":
+        keys = [origin.pop(f"critic.{k}") for k in spec.pop("critic") if f"critic.{k}" in origin]
+        warnings.append(f"{_listed(keys) or 'critic.*'}: ignored, as verl ignores the critic without "
+                        f"adv_estimator=gae")
 
 
 def _nullable(path: str) -> bool:
@@ -997,8 +1196,8 @@ def _ordered(doc: dict, model) -> dict:
 def render(translation: Translation, source: str) -> str:
     """The translated job as YAML, headed by where it came from and what was skipped."""
     lines = [f"# Translated from verl by `grpo from-verl` ({source}).",
-             "# verl colocates vLLM on the training GPUs; here rollout servers are separate pods",
-             "# (rollout.replicas x rollout.tensorParallelSize GPUs) next to the trainer's GPUs."]
+             "# verl's hybrid engine is rollout.placement colocated: the trainer pods run the rollout servers on",
+             "# their own GPUs (as many as verl uses), asleep while the trainer trains."]
     if translation.warnings:
         lines.append("# Translation warnings:")
         lines += [f"#   - {w}" for w in translation.warnings]

@@ -8,6 +8,8 @@ CRD schema).
 from __future__ import annotations
 
 import difflib
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,23 @@ class JobError(ValueError):
     def __init__(self, errors: list[str], source: str = "job"):
         self.errors = errors
         super().__init__(f"{source}: invalid GRPOJob\n" + "\n".join(f"  - {e}" for e in errors))
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML as kubectl reads it where PyYAML differs in a way a job notices: `lr: 1e-6` is a number
+    (YAML 1.2, Go's yaml), not the string YAML 1.1 makes of it, which strict validation refuses."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+                              list("-+0123456789."))
+
+
+def load_yaml(text: str) -> Any:
+    loader = _Loader(text)         # a SafeLoader: what yaml.safe_load does, with kubectl's floats
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def _loc_to_path(loc: tuple) -> str:
@@ -104,7 +123,7 @@ def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]
                 errors.append(f"--set {key}: unknown field '{'.'.join(parts[:depth + 1])}'{hint}")
                 break
             if depth == len(parts) - 1:
-                node[part] = yaml.safe_load(raw) if raw else ""
+                node[part] = load_yaml(raw) if raw else ""
             else:
                 nxt = model and _child_model(model, part)
                 if not isinstance(node.get(part), dict):
@@ -123,9 +142,24 @@ def parse_job(doc: Any, overrides: list[str] = (), source: str = "job") -> GRPOJ
         doc = {"spec": doc}  # a bare spec, as the operator stores it in the ConfigMap
     doc = apply_overrides(doc, list(overrides))
     try:
-        return GRPOJob.model_validate(doc)
+        # Strict, through JSON, as the API server sees the document: `useKLLoss: 'yes'` or
+        # `trainBatchSize: '16'` are refused as the CRD refuses them, never coerced; strings still
+        # become enums and timestamps, and integers numbers.
+        return GRPOJob.model_validate_json(json.dumps(_as_kubectl_sends(doc), default=str), strict=True)
     except ValidationError as exc:
         raise JobError(format_errors(exc), source) from None
+
+
+def _as_kubectl_sends(node: Any) -> Any:
+    """Go's JSON writes a whole float as an integer (`n: 4.0` reaches the API server as 4, which an
+    integer field takes); a YAML date becomes its text (json.dumps' default=str above)."""
+    if isinstance(node, dict):
+        return {k: _as_kubectl_sends(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_as_kubectl_sends(v) for v in node]
+    if isinstance(node, float) and node.is_integer() and abs(node) < 2 ** 63:
+        return int(node)
+    return node
 
 
 def load_job(path: str | Path, overrides: list[str] = ()) -> GRPOJob:
@@ -136,7 +170,7 @@ def load_job(path: str | Path, overrides: list[str] = ()) -> GRPOJob:
     except OSError as exc:
         raise JobError([f"can't read file: {exc.strerror}"], str(path)) from None
     try:
-        doc = yaml.safe_load(text)
+        doc = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -19,7 +19,10 @@ PROMPT_SCHEMA = pa.schema([
     ("ground_truth", pa.string()),
     ("extra_info", pa.string()),        # JSON
     ("raw_prompt", pa.string()),        # JSON: the prompt's chat messages, for reward models' own templates
+    ("images", pa.list_(pa.string())),  # URIs of the prompt's images (RunLayout.image), in order; a VL model's
 ])
+PROMPT_OPTIONAL = ("raw_prompt", "images")
+"""Prompt shard columns a reader must not require (older shards don't have them)."""
 
 ROLLOUT_SCHEMA = pa.schema([
     ("uid", pa.string()),
@@ -40,9 +43,21 @@ ROLLOUT_SCHEMA = pa.schema([
     ("response_mask", pa.list_(pa.int8())),  # 1: sampled by the model, 0: a tool's tokens
     ("num_turns", pa.int32()),          # model turns + tool turns
     ("agent", pa.string()),             # JSON: the trajectory's tool calls, errors and latencies
+    # How the reward function failed for this sample (it then scored 0; its message is
+    # reward_extra's reward_error): one of REWARD_ERROR_KINDS; null: it didn't.
+    ("reward_error", pa.string()),
+    ("images", pa.list_(pa.string())),  # the prompt's images (RunLayout.image URIs); empty without
 ])
-ROLLOUT_OPTIONAL = ("response_mask", "num_turns", "agent")
+ROLLOUT_OPTIONAL = ("response_mask", "num_turns", "agent", "reward_error", "images")
+REWARD_ERROR_KINDS = ("exception", "timeout", "invalid", "crash")
+"""The values of `reward_error`: the function raised; overran spec.reward.timeoutSeconds; returned
+something that is not a finite number (a string, None, NaN, a dict without "score"); killed its
+worker process."""
 """Columns a reader must not require (older shards don't have them)."""
+TOOL_ERROR_KINDS = ("parse", "unknown_tool", "tool_error", "unavailable", "timeout", "crash")
+"""The values of a failed tool call's `error` in the `agent` column's tool_calls: the model's call
+could not be parsed; named no tool; the tool raised ToolError; couldn't run (no sandbox, every slot
+held by hung calls); overran rollout.multiTurn.toolTimeoutSeconds; raised anything else."""
 
 
 @dataclass(frozen=True)
@@ -62,13 +77,17 @@ class RunLayout:
     def rollout_shard(self, step: int, shard: str) -> str:
         return self._join("rollouts", f"step-{step}", f"{shard}.parquet")
 
+    @property
+    def rollouts(self) -> str:
+        return self._join("rollouts")
+
     def accepted_rollouts(self, step: int) -> str:
-        """The step's record of the rollout shards it trained on (grpo_api.rollout_history.AcceptedRollouts)."""
+        """The step's record of the rollout shards it trained on (grpo_trainer.rollout_history.AcceptedRollouts)."""
         return self._join("rollouts", f"step-{step}", "accepted.json")
 
     @property
     def rollouts_retention(self) -> str:
-        """The steps storage.keepRolloutsSteps deleted (grpo_api.rollout_history.RetentionRecord)."""
+        """The steps storage.keepRolloutsSteps deleted (grpo_trainer.rollout_history.RetentionRecord)."""
         return self._join("rollouts", "retention.json")
 
     def step_dir(self, kind: str, step: int) -> str:
@@ -101,3 +120,26 @@ class RunLayout:
     @property
     def tensorboard(self) -> str:
         return self._join("tensorboard")
+
+    @property
+    def lease(self) -> str:
+        """Trainer rank 0's lease on the run: the trainer writing it (grpo_trainer.lease)."""
+        return self._join("trainer.lease")
+
+    @property
+    def job_file(self) -> str:
+        """`grpo run`'s copy of the job it ran (on Kubernetes the checkpoints keep it)."""
+        return self._join("job.yaml")
+
+    def log(self, name: str) -> str:
+        """A process's log, mirrored into the run (a rollout pod's: grpo_rollout.log_mirror)."""
+        return self._join("logs", f"{name}.log")
+
+    def image(self, sha256: str) -> str:
+        """A prompt image, by the SHA-256 of its encoded bytes: stored once per run, named by the
+        prompt and rollout records (data.imageKey)."""
+        return self._join("images", sha256)
+
+    def compile_cache(self, name: str) -> str:
+        """spec.storage.compileCache's signed archive of one component's compiler caches."""
+        return self._join("compile-cache", name)

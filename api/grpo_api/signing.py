@@ -1,5 +1,5 @@
 """Signed manifests: nothing that a writer of the job's storage puts there is loaded (checkpoints, and the
-trainer's compile cache: grpo_api.compile_cache).
+trainer's compile cache: grpo_trainer.compile_cache).
 
 torch.distributed.checkpoint (DCP) keeps a checkpoint's `.metadata` as a pickle and loads
 non-tensor state with `torch.load(weights_only=False)`, so loading a checkpoint runs whatever

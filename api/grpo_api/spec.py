@@ -11,6 +11,8 @@ No torch import here: `grpo validate` and the operator must start fast.
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import Annotated, Any, Callable, Literal
@@ -25,7 +27,11 @@ KIND = "GRPOJob"
 PLURAL = "grpojobs"
 
 # verl's group-based estimators compare samples of one prompt: they need n >= 2.
-GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opo")
+GROUP_ESTIMATORS = ("grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "reinforce_plus_plus_baseline", "opo",
+                    "gpg", "grpo_passk")
+# Policy losses whose objective is a mean over sequences: verl aggregates them as seq-mean-token-mean whatever
+# actor.loss_agg_mode says, so the job must say so.
+SEQUENCE_LOSSES = ("gspo", "sapo", "geo_mean")
 # A Kubernetes object name (DNS-1123 subdomain), as Secrets are named.
 SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 MAX_TOTAL_LENGTH = 131072
@@ -60,12 +66,24 @@ class LoRASpec(_Model):
     """Scaling numerator: an adapter adds alpha / rank x B @ A to its layer's weight (verl: lora_alpha)."""
     target_modules: list[str] = Field(default=["all-linear"], min_length=1)
     """Module names (or name suffixes) that get adapters; `all-linear` is every linear layer but the LM head (verl: target_modules)."""
+    exclude_modules: str | None = Field(default=None, min_length=1)
+    """A regular expression (Python's, matched against each module's full name, as PEFT and verl do): the modules it matches get no adapter and stay as loaded, e.g. `.*visual.*` for a vision tower (verl: exclude_modules)."""
     dropout: float = Field(default=0.0, ge=0, lt=1)
     """Dropout on each adapter's input while training."""
     adapter_path: str | None = None
     """A PEFT adapter folder (adapter_config.json, adapter_model.safetensors) to start from instead of new adapters; a local or mounted path (verl: lora_adapter_path). Its rank, alpha and target modules are the adapter's own."""
     merge: bool = False
     """Send the rollout servers the merged weights (W + alpha / rank x B @ A) at every weight sync (verl: lora.merge). False: only the adapters go to servers whose engine applies them itself (the hf engine; 8 % of the bytes for a Qwen3-1.7B at rank 64), merged weights to the others (vLLM, for now)."""
+
+    @field_validator("exclude_modules")
+    @classmethod
+    def _exclude_is_a_regex(cls, pattern: str | None) -> str | None:
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"not a regular expression ({e}): {pattern!r}") from None
+        return pattern
 
 
 class ModelSpec(_Model):
@@ -96,6 +114,8 @@ class DataSpec(_Model):
     """Validation parquet files; validation is skipped when empty."""
     prompt_key: str = Field(default="prompt", min_length=1)
     """Column holding the chat messages (verl: data.prompt_key)."""
+    image_key: str = Field(default="images", min_length=1)
+    """Column holding each row's images, a list of {bytes, path} (verl: data.image_key), one per `<image>` placeholder in the prompt, for a vision-language model (Qwen2.5-VL); a model without a vision tower refuses rows that have images. Each image is stored once in the run (images/<sha256>) and the prompt and rollout records name it."""
     train_batch_size: int = Field(default=1024, ge=1)
     """Prompts per training step (verl: data.train_batch_size)."""
     val_batch_size: int | None = Field(default=None, ge=1)
@@ -121,10 +141,15 @@ class AdvEstimator(str, Enum):
     reinforce_plus_plus_baseline = "reinforce_plus_plus_baseline"
     opo = "opo"
     gae = "gae"
+    gpg = "gpg"
+    grpo_vectorized = "grpo_vectorized"
+    rloo_vectorized = "rloo_vectorized"
+    grpo_passk = "grpo_passk"
 
 
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-PolicyLoss = Literal["vanilla", "gspo"]
+PolicyLoss = Literal["vanilla", "gspo", "clip_cov", "kl_cov", "cispo", "sapo", "geo_mean", "gpg", "dppo_tv", "dppo_kl",
+                     "dro"]
 KLType = Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl",
                  "k1+", "kl+", "abs+", "k2+", "mse+", "k3+", "low_var_kl+"]
 
@@ -165,6 +190,28 @@ class RolloutCorrection(_Model):
     """Take the engine's log-probs as the old policy (no recomputation, the ratio anchors on the policy that sampled); nothing is then left to weight or reject (verl: bypass_mode)."""
 
 
+class PolicyLossConfig(_Model):
+    """The parameters of the policy losses beyond PPO's clip ratios (verl: actor.policy_loss.*, and
+    actor.tau_pos / tau_neg for SAPO); each loss reads only its own."""
+
+    clip_cov_ratio: float = Field(default=0.0002, gt=0.0, le=1.0)
+    """clip_cov: the share of a micro-batch's response tokens whose gradient is cut (at least one) (verl: clip_cov_ratio)."""
+    clip_cov_lb: float = 1.0
+    """clip_cov: tokens are cut only where advantage x log-prob covariance exceeds this (verl: clip_cov_lb)."""
+    clip_cov_ub: float = 5.0
+    """clip_cov: ... and stays below this; must exceed clipCovLb (verl: clip_cov_ub)."""
+    kl_cov_ratio: float = Field(default=0.0002, gt=0.0, le=1.0)
+    """kl_cov: the share of a micro-batch's response tokens, those of largest covariance, that get the KL penalty (at least one) (verl: kl_cov_ratio)."""
+    ppo_kl_coef: float = Field(default=0.1, ge=0.0)
+    """kl_cov: weight of the penalty |log pi - log pi_old| on those tokens (verl: ppo_kl_coef)."""
+    tau_pos: float = Field(default=1.0, gt=0.0)
+    """sapo: gate temperature for tokens with a positive advantage (verl: actor.tau_pos)."""
+    tau_neg: float = Field(default=1.05, gt=0.0)
+    """sapo: gate temperature for the others; above tauPos damps negative updates faster (verl: actor.tau_neg)."""
+    dro_beta: float | None = Field(default=None, gt=0.0)
+    """dro (required with it): weight of the quadratic penalty beta/2 (log pi - log pi_old)^2 (verl: dro_beta)."""
+
+
 class AlgorithmSpec(_Model):
     adv_estimator: AdvEstimator = AdvEstimator.grpo
     """Advantage estimator (verl: algorithm.adv_estimator)."""
@@ -176,14 +223,20 @@ class AlgorithmSpec(_Model):
     """GAE's lambda: 1 is Monte-Carlo returns minus the critic's value, 0 one-step TD (verl: algorithm.lam)."""
     loss_agg_mode: LossAggMode = "token-mean"
     """How token losses are averaged (verl: actor.loss_agg_mode). seq-mean-token-sum-norm is Dr.GRPO's: the
-    mini-batch's token-loss sum divided by (responses x lossScaleFactor), as the Dr.GRPO paper and TRL's
-    dr_grpo do. verl divides each micro-batch's sum by lossScaleFactor alone and then by the number of
-    micro-batches, so its loss is microBatchSizePerGPU x ours: the Adam update is the same, but the gradient
-    norm (and what gradClip cuts) is not."""
+    mini-batch's token-loss sum divided by (responses x lossScaleFactor), as verl's trainer, the Dr.GRPO
+    paper and TRL's dr_grpo do. The seq-mean modes count every response of the mini-batch, empty ones
+    (rejected whole by rolloutCorrection) too, as verl's trainer does."""
     loss_scale_factor: int | None = Field(default=None, ge=1)
     """Divisor for seq-mean-token-sum-norm; null means maxResponseLength (verl: actor.loss_scale_factor)."""
     policy_loss: PolicyLoss = "vanilla"
-    """Policy loss: dual-clip PPO (vanilla) or sequence-level GSPO (verl: actor.policy_loss.loss_mode)."""
+    """Policy loss (verl: actor.policy_loss.loss_mode): vanilla (dual-clip PPO), gspo (sequence ratio), clip_cov and
+    kl_cov (covariance-selected tokens, the entropy-mechanism recipe), cispo (clipped weight, every token keeps its
+    gradient), sapo (smooth gate), geo_mean (GMPO: geometric mean of the token ratios), gpg (plain policy gradient),
+    dppo_tv and dppo_kl (DPPO: clipRatioLow/High bound a token's probability change, by total variation or binary KL),
+    dro (quadratic log-ratio penalty, policyLossConfig.droBeta). gspo, sapo and geo_mean need lossAggMode
+    seq-mean-token-mean."""
+    policy_loss_config: PolicyLossConfig = PolicyLossConfig()
+    """Parameters of clip_cov, kl_cov, sapo and dro (verl: actor.policy_loss)."""
     use_kl_loss: bool = Field(default=False, alias="useKLLoss")
     """Add a KL(policy || reference) term to the loss instead of the reward (verl: actor.use_kl_loss)."""
     kl_loss_coef: float = Field(default=0.001, ge=0.0)
@@ -198,8 +251,8 @@ class AlgorithmSpec(_Model):
     """The penalty's coefficient, fixed or adaptive (verl: algorithm.kl_ctrl)."""
     rollout_correction: RolloutCorrection | None = None
     """Rollout-vs-trainer mismatch correction (TIS, MIS, bypass); null: off (verl: algorithm.rollout_correction)."""
-    clip_ratio_low: float = Field(default=0.2, ge=0.0, lt=1.0)
-    """Lower PPO clip epsilon (verl: actor.clip_ratio_low)."""
+    clip_ratio_low: float = Field(default=0.2, ge=0.0)
+    """Lower PPO clip epsilon; 1 or more leaves the ratio unbounded below (CISPO's recipe uses 10) (verl: actor.clip_ratio_low)."""
     clip_ratio_high: float = Field(default=0.2, ge=0.0)
     """Upper PPO clip epsilon; 0.28 is DAPO's clip-higher (verl: actor.clip_ratio_high)."""
     clip_ratio_c: float = Field(default=3.0, gt=1.0)
@@ -287,6 +340,12 @@ class RewardSpec(_Model):
     """Per-call limit; a reward function that takes longer scores 0 and is counted."""
     workers: int = Field(default=4, ge=1)
     """Reward worker processes per rollout server."""
+    kwargs: dict[str, Any] = {}
+    """Extra keyword arguments of every call of reward.function, after verl's data_source, solution_str, ground_truth and extra_info (verl: custom_reward_function.reward_kwargs)."""
+    concurrency: int = Field(default=16, ge=1)
+    """An `async def` reward function: calls awaited at once per reward worker process."""
+    max_error_fraction: float | None = Field(default=None, ge=0.0, lt=1.0)
+    """The share of a step's samples whose reward function may fail (raise, time out, return no finite number, crash: each scores 0, is counted in the step's reward/errors/* metrics and said once on the console) before the run stops with exit code 2 and the function's error. Unset: the run stops when the function failed for every sample of a step (it is broken: training on the zeros would learn nothing), and goes on past occasional failures; 0: any failure stops it, as verl stops on an exception in compute_score."""
     overlong_buffer: OverlongBuffer = OverlongBuffer()
     """DAPO overlong shaping."""
     reward_models: list[RewardModelSpec] = Field(default=[], max_length=16, json_schema_extra={
@@ -311,6 +370,8 @@ class CriticSpec(_Model):
     """Learning rate (verl: critic.optim.lr)."""
     lr_warmup_steps: int = Field(default=0, ge=0)
     """Linear warmup steps (verl: critic.optim.lr_warmup_steps)."""
+    lr_warmup_steps_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Linear warmup over int(ratio x the run's total steps), for lrWarmupSteps 0 (verl: critic.optim.lr_warmup_steps_ratio)."""
     lr_scheduler: Literal["constant", "cosine"] = "constant"
     """Schedule after warmup (verl: critic.optim.warmup_style)."""
     weight_decay: float = Field(default=0.01, ge=0.0)
@@ -401,8 +462,10 @@ class RolloutSpec(_Model):
     """Generation engine: vllm (GPU, production) or hf (transformers; CPU, dev, tests) (verl: rollout.name)."""
     n: int = Field(default=5, ge=1)
     """Samples per prompt, the GRPO group size (verl: rollout.n). Quote the key in YAML, `"n": 8`: kubectl reads YAML 1.1, where a bare `n` is the boolean false."""
+    placement: Literal["separate", "colocated"] = "separate"
+    """Where the rollout servers run. separate: their own pods and GPUs (the rollout Deployment), scaled apart from the trainer. colocated: verl's hybrid engine; each trainer pod runs its node's servers itself, one per tensorParallelSize of its own GPUs, asleep while the trainer trains (replicas is then nnodes x nprocPerNode / tensorParallelSize, and the job can't be scaled)."""
     replicas: int = Field(default=1, ge=0)
-    """Rollout servers; may change while the job runs."""
+    """Rollout servers; may change while the job runs (not with placement colocated, where it must be nnodes x nprocPerNode / tensorParallelSize)."""
     tensor_parallel_size: int = Field(default=1, ge=1)
     """GPUs per rollout server (verl: rollout.tensor_model_parallel_size)."""
     gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0)
@@ -421,6 +484,8 @@ class RolloutSpec(_Model):
     """Disable CUDA graphs in vLLM (verl: rollout.enforce_eager)."""
     max_staleness: int = Field(default=0, ge=0, le=1)
     """Policy versions a rollout may lag behind training. 0: each step generates with the latest weights, then trains (synchronous). 1: step t+1's rollouts are generated while step t trains (verl's one-step-off-policy, AReaL), so they come from the policy one update behind; the PPO ratio then uses the rollout's behaviour logprobs as the old policy."""
+    calculate_log_probs: bool = False
+    """Record every sampled token's behaviour log-prob (the records' response_logprobs, the UI's token shading) even where training doesn't read them. They are always computed with maxStaleness 1 or algorithm.rolloutCorrection; otherwise (on-policy) the trainer uses its own log-probs and the engine skips them (vLLM: ~0.6 s of a 4.4 s generation on an H200), and the records hold null (verl: rollout.calculate_log_probs)."""
     request_timeout_seconds: float = Field(default=900.0, gt=0)
     """A Generate call that takes longer is abandoned and its shard re-dispatched."""
     seed: int = 0
@@ -463,6 +528,8 @@ class TrainerSpec(_Model):
     """Learning rate (verl: actor.optim.lr); 0 freezes the policy (a control run)."""
     lr_warmup_steps: int = Field(default=0, ge=0)
     """Linear warmup steps (verl: actor.optim.lr_warmup_steps)."""
+    lr_warmup_steps_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Linear warmup over int(ratio x the run's total steps), for lrWarmupSteps 0 (verl: actor.optim.lr_warmup_steps_ratio)."""
     lr_scheduler: Literal["constant", "cosine"] = "constant"
     """Schedule after warmup (verl: actor.optim.warmup_style)."""
     weight_decay: float = Field(default=0.01, ge=0.0)
@@ -477,6 +544,8 @@ class TrainerSpec(_Model):
     """Validate every N steps (and at the end); -1 never (verl: trainer.test_freq)."""
     val_before_train: bool = True
     """Validate once before the first step (verl: trainer.val_before_train)."""
+    val_only: bool = False
+    """Validate the loaded (or resumed) policy once, log val/score, and exit: no step, no checkpoint, no export (verl: trainer.val_only). Needs data.valFiles."""
     save_freq: int = Field(default=-1, ge=-1)
     """Checkpoint every N steps (and at the end); -1 only at the end (verl: trainer.save_freq)."""
     critic_warmup: int = Field(default=0, ge=0)
@@ -488,6 +557,12 @@ class TrainerSpec(_Model):
     """Keep the best step's checkpoint whatever keepCheckpoints deletes, and export that policy as hf/best (the tutorial's "validate regularly, keep the best model"): a step that beats the best so far is checkpointed then, whatever saveFreq says. Null: off."""
     ref_cpu_offload: bool = False
     """Keep the frozen reference model's shards in CPU memory (verl: ref.fsdp_config.param_offload)."""
+    param_offload: bool = False
+    """With rollout.placement colocated: the policy's parameters leave the GPUs (to CPU memory) while the rollout engines generate and come back for the update, so that the engines' KV cache can take their room (a higher rollout.gpuMemoryUtilization); timed as timing_s/offload and timing_s/onload (verl: actor.fsdp_config.param_offload)."""
+    optimizer_offload: bool = False
+    """With rollout.placement colocated: the policy's optimizer state leaves the GPUs while the rollout engines generate, as paramOffload (verl: actor.fsdp_config.optimizer_offload)."""
+    freeze_vision_tower: bool = False
+    """A vision-language policy's vision tower stays as loaded: no gradients, no optimizer state (verl: actor.freeze_vision_tower). Ignored for a model without one."""
     use_torch_compile: bool = True
     """Compile each decoder layer with torch.compile when training on GPU (verl: actor.use_torch_compile); the first step pays the compilation. Ignored on CPU."""
     loggers: list[Literal["console", "jsonl", "tensorboard", "prometheus", "wandb", "mlflow"]] = ["console", "jsonl"]
@@ -591,6 +666,15 @@ class GRPOJobSpec(_Model):
     def total_length(self) -> int:
         return self.data.max_prompt_length + self.data.max_response_length
 
+    @property
+    def colocated(self) -> bool:
+        return self.rollout.placement == "colocated"
+
+    @property
+    def servers_per_node(self) -> int:
+        """Colocated: the rollout servers each trainer pod runs, one per tensorParallelSize of its GPUs."""
+        return self.trainer.nproc_per_node // self.rollout.tensor_parallel_size
+
 
 class Phase(str, Enum):
     Pending = "Pending"
@@ -615,6 +699,9 @@ class Condition(_Model):
 
 
 class Progress(_Model):
+    """progress.json, which trainer rank 0 rewrites every step (`to_json`) and the operator copies
+    into the status (`from_json`): one model for the writer and the readers."""
+
     step: int = 0
     """Completed training steps."""
     total_steps: int | None = None
@@ -625,6 +712,12 @@ class Progress(_Model):
     """Version of the weights the rollout servers hold."""
     reward_mean: float | None = None
     """Mean reward of the last step."""
+    reward_error_fraction: float | None = None
+    """The share of the last step's samples whose reward function failed (each scored 0; by kind in
+    metrics.jsonl's reward/errors/*)."""
+    tool_error_fraction: float | None = None
+    """With rollout.multiTurn: the share of the last step's tool calls that failed (by kind in
+    metrics.jsonl's tool_calls/errors/*)."""
     validation_score: float | None = None
     """Last validation accuracy (mean reward, greedy)."""
     last_checkpoint: str | None = None
@@ -638,6 +731,27 @@ class Progress(_Model):
     preemption Step goes back to it); None for a run that started afresh."""
     resumed_at: str | None = None
     """When that start was (RFC 3339)."""
+
+    def to_json(self) -> bytes:
+        """progress.json as the trainer writes it: the status' camelCase keys, unset ones left out."""
+        return self.model_dump_json(by_alias=True, exclude_none=True, indent=1).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "Progress | None":
+        """A progress.json document, or None if unreadable (never an exception: a reconcile must not
+        fail on it). A trainer of another version may have written it: keys this model doesn't have
+        are dropped (pydantic takes the whole floats older trainers wrote for ints)."""
+        try:
+            doc = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            return None
+        if not isinstance(doc, dict):
+            return None
+        fields = {f.alias or name for name, f in cls.model_fields.items()}
+        try:
+            return cls.model_validate({k: v for k, v in doc.items() if k in fields and v is not None})
+        except ValueError:       # pydantic's ValidationError is one
+            return None
 
 
 class GRPOJobStatus(_Model):
@@ -712,6 +826,24 @@ def _group_needs_n(s: GRPOJobSpec) -> str | None:
     return None
 
 
+def _warmup_one_way(section: str) -> Callable[[GRPOJobSpec], str | None]:
+    # verl silently lets lr_warmup_steps > 0 override the ratio; here setting both is an error, so
+    # nobody believes a ratio is in effect when it isn't.
+    def check(s: GRPOJobSpec) -> str | None:
+        part = getattr(s, section)
+        if part.lr_warmup_steps > 0 and part.lr_warmup_steps_ratio > 0:
+            return (f"set lrWarmupSteps or lrWarmupStepsRatio, not both (got {part.lr_warmup_steps} and "
+                    f"{part.lr_warmup_steps_ratio})")
+        return None
+    return check
+
+
+def _val_only_needs_val_files(s: GRPOJobSpec) -> str | None:
+    if s.trainer.val_only and not s.data.val_files:
+        return "needs data.valFiles: a validation-only run validates on them"
+    return None
+
+
 def _lora_needs_rank(s: GRPOJobSpec) -> str | None:
     lora = s.model.lora
     if lora and lora.rank is None and lora.adapter_path is None:
@@ -771,10 +903,32 @@ def _budget_fits_sequence(s: GRPOJobSpec) -> str | None:
     return None
 
 
-def _gspo_needs_seq_mean(s: GRPOJobSpec) -> str | None:
-    if s.algorithm.policy_loss == "gspo" and s.algorithm.loss_agg_mode != "seq-mean-token-mean":
-        return (f"must be seq-mean-token-mean with policyLoss gspo: GSPO's objective is a mean over "
+def _sequence_loss_needs_seq_mean(s: GRPOJobSpec) -> str | None:
+    loss = s.algorithm.policy_loss
+    if loss in SEQUENCE_LOSSES and s.algorithm.loss_agg_mode != "seq-mean-token-mean":
+        return (f"must be seq-mean-token-mean with policyLoss {loss}: its objective is a mean over "
                 f"sequences (got {s.algorithm.loss_agg_mode})")
+    return None
+
+
+def _clip_cov_bounds_ordered(s: GRPOJobSpec) -> str | None:
+    c = s.algorithm.policy_loss_config
+    if c.clip_cov_ub <= c.clip_cov_lb:
+        return f"must be > clipCovLb: no covariance lies between them (got {c.clip_cov_ub} <= {c.clip_cov_lb})"
+    return None
+
+
+def _dro_needs_beta(s: GRPOJobSpec) -> str | None:
+    if s.algorithm.policy_loss == "dro" and s.algorithm.policy_loss_config.dro_beta is None:
+        return "required with policyLoss dro: the weight of its quadratic log-ratio penalty"
+    return None
+
+
+def _geo_mean_sequence_weights(s: GRPOJobSpec) -> str | None:
+    rc = s.algorithm.rollout_correction
+    if s.algorithm.policy_loss == "geo_mean" and rc and rc.rollout_is == "token":
+        return ("token weights with policyLoss geo_mean: GMPO weights a response by the geometric mean of its "
+                "token weights, which is not built; use rolloutIs sequence")
     return None
 
 
@@ -824,6 +978,38 @@ def _cache_has_something_to_fetch(s: GRPOJobSpec) -> str | None:
     return None
 
 
+def _critic_needs_gae(s: GRPOJobSpec) -> str | None:
+    # Compared with the defaults, not with what the YAML named: a resolved job (every default
+    # written out) must read back the same, and the CRD's defaulting fills the section in too.
+    if s.algorithm.adv_estimator != AdvEstimator.gae and s.critic != CriticSpec():
+        return (f"is PPO's value model, used only with algorithm.advEstimator gae (got "
+                f"{s.algorithm.adv_estimator.value}): remove the section or set advEstimator: gae")
+    return None
+
+
+def _critic_is_default_cel() -> str:
+    """CEL: every field of spec.critic at its default (the API server has filled the defaults in)."""
+    terms = []
+    for name, field in CriticSpec.model_fields.items():
+        path = f"self.critic.{field.alias or name}"
+        default = field.get_default(call_default_factory=True)
+        if default is None:
+            terms.append(f"!has({path})")
+        elif isinstance(default, (dict, list)) and not default:
+            terms.append(f"(!has({path}) || size({path}) == 0)")
+        else:
+            terms.append(f"{path} == {json.dumps(default)}")
+    return " && ".join(terms)
+
+
+def _sandbox_needs_python_tool(s: GRPOJobSpec) -> str | None:
+    mt = s.rollout.multi_turn
+    if mt.python.replicas is not None and not (mt.enable and "python" in mt.tools):
+        return ("sandbox servers run only the python tool: set rollout.multiTurn.enable and list python in "
+                "rollout.multiTurn.tools, or remove replicas")
+    return None
+
+
 def _multi_turn_needs_tools(s: GRPOJobSpec) -> str | None:
     mt = s.rollout.multi_turn
     if mt.enable and not mt.tools and mt.tool_config_path is None:
@@ -831,10 +1017,58 @@ def _multi_turn_needs_tools(s: GRPOJobSpec) -> str | None:
     return None
 
 
+def _offload_needs_colocated(s: GRPOJobSpec) -> str | None:
+    t = s.trainer
+    if (t.param_offload or t.optimizer_offload) and not (s.colocated and s.rollout.max_staleness == 0):
+        return ("paramOffload and optimizerOffload move the policy off the GPUs while the rollout engines generate "
+                "on them: they need rollout.placement colocated and rollout.maxStaleness 0 (else nothing shares "
+                "the GPUs, or generation overlaps the update)")
+    return None
+
+
+def _colocated_tp_divides(s: GRPOJobSpec) -> str | None:
+    tp, nproc = s.rollout.tensor_parallel_size, s.trainer.nproc_per_node
+    if s.colocated and nproc % tp:
+        return (f"must divide trainer.nprocPerNode with placement colocated: each trainer pod runs one rollout "
+                f"server per tensorParallelSize of its GPUs (got tensorParallelSize {tp}, nprocPerNode {nproc})")
+    return None
+
+
+def _colocated_replicas_derived(s: GRPOJobSpec) -> str | None:
+    if not s.colocated or s.trainer.nproc_per_node % s.rollout.tensor_parallel_size:
+        return None
+    derived = s.trainer.nnodes * s.servers_per_node
+    if s.rollout.replicas != derived:
+        return (f"must be nnodes x nprocPerNode / tensorParallelSize = {derived} with placement colocated (the "
+                f"trainer pods run the servers on their own GPUs; set it to {derived}) (got {s.rollout.replicas})")
+    return None
+
+
 _LOCAL_PATH = "{0}.startsWith('/') || {0}.startsWith('./') || {0}.startsWith('../')"
 _GROUP_LIST = "[" + ", ".join(f"'{e}'" for e in GROUP_ESTIMATORS) + "]"
+_SEQUENCE_LOSS_LIST = "[" + ", ".join(f"'{e}'" for e in SEQUENCE_LOSSES) + "]"
 
 CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
+    CrossFieldRule(
+        "trainer.paramOffload",
+        "!(self.trainer.paramOffload || self.trainer.optimizerOffload) || "
+        "(self.rollout.placement == 'colocated' && self.rollout.maxStaleness == 0)",
+        "trainer.paramOffload and trainer.optimizerOffload need rollout.placement colocated and rollout.maxStaleness 0",
+        _offload_needs_colocated),
+    CrossFieldRule(
+        "rollout.tensorParallelSize",
+        "self.rollout.placement != 'colocated' || self.rollout.tensorParallelSize < 1 || "
+        "self.trainer.nprocPerNode % self.rollout.tensorParallelSize == 0",
+        "rollout.tensorParallelSize must divide trainer.nprocPerNode with placement colocated",
+        _colocated_tp_divides),
+    CrossFieldRule(
+        "rollout.replicas",
+        "self.rollout.placement != 'colocated' || self.rollout.tensorParallelSize < 1 || "
+        "self.trainer.nprocPerNode % self.rollout.tensorParallelSize != 0 || "
+        "self.rollout.replicas == self.trainer.nnodes * (self.trainer.nprocPerNode / self.rollout.tensorParallelSize)",
+        "rollout.replicas must be nnodes x nprocPerNode / tensorParallelSize with placement colocated "
+        "(the trainer pods run the rollout servers; a colocated job can't be scaled)",
+        _colocated_replicas_derived),
     CrossFieldRule(
         "rollout.multiTurn.tools",
         "!self.rollout.multiTurn.enable || size(self.rollout.multiTurn.tools) > 0 || "
@@ -842,9 +1076,20 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         "rollout.multiTurn.enable needs at least one tool (tools, or toolConfigPath)",
         _multi_turn_needs_tools),
     CrossFieldRule(
+        "critic",
+        f"self.algorithm.advEstimator == 'gae' || ({_critic_is_default_cel()})",
+        "critic is PPO's value model, used only with algorithm.advEstimator gae",
+        _critic_needs_gae),
+    CrossFieldRule(
+        "rollout.multiTurn.python.replicas",
+        "!has(self.rollout.multiTurn.python.replicas) || "
+        "(self.rollout.multiTurn.enable && 'python' in self.rollout.multiTurn.tools)",
+        "rollout.multiTurn.python.replicas needs the python tool (multiTurn.enable and python in multiTurn.tools)",
+        _sandbox_needs_python_tool),
+    CrossFieldRule(
         "rollout.n",
         f"!(self.algorithm.advEstimator in {_GROUP_LIST}) || self.rollout.n >= 2",
-        "rollout.n must be >= 2 for group estimators (grpo, rloo, reinforce_plus_plus_baseline, opo)",
+        f"rollout.n must be >= 2 for group estimators ({', '.join(GROUP_ESTIMATORS)})",
         _group_needs_n),
     CrossFieldRule(
         "algorithm.rolloutCorrection.rolloutRsThreshold",
@@ -858,6 +1103,21 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         "(!has(self.algorithm.rolloutCorrection.rolloutIs) && size(self.algorithm.rolloutCorrection.rolloutRs) == 0)",
         "algorithm.rolloutCorrection.bypassMode excludes rolloutIs and rolloutRs",
         _bypass_alone),
+    CrossFieldRule(
+        "trainer.lrWarmupStepsRatio",
+        "self.trainer.lrWarmupSteps == 0 || self.trainer.lrWarmupStepsRatio == 0.0",
+        "set trainer.lrWarmupSteps or trainer.lrWarmupStepsRatio, not both",
+        _warmup_one_way("trainer")),
+    CrossFieldRule(
+        "critic.lrWarmupStepsRatio",
+        "self.critic.lrWarmupSteps == 0 || self.critic.lrWarmupStepsRatio == 0.0",
+        "set critic.lrWarmupSteps or critic.lrWarmupStepsRatio, not both",
+        _warmup_one_way("critic")),
+    CrossFieldRule(
+        "trainer.valOnly",
+        "!self.trainer.valOnly || size(self.data.valFiles) > 0",
+        "trainer.valOnly needs data.valFiles",
+        _val_only_needs_val_files),
     CrossFieldRule(
         "model.lora.rank",
         "!has(self.model.lora) || has(self.model.lora.rank) || has(self.model.lora.adapterPath)",
@@ -897,9 +1157,25 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         _budget_fits_sequence),
     CrossFieldRule(
         "algorithm.lossAggMode",
-        "self.algorithm.policyLoss != 'gspo' || self.algorithm.lossAggMode == 'seq-mean-token-mean'",
-        "algorithm.lossAggMode must be seq-mean-token-mean with policyLoss gspo",
-        _gspo_needs_seq_mean),
+        f"!(self.algorithm.policyLoss in {_SEQUENCE_LOSS_LIST}) || self.algorithm.lossAggMode == 'seq-mean-token-mean'",
+        f"algorithm.lossAggMode must be seq-mean-token-mean with policyLoss {', '.join(SEQUENCE_LOSSES)}",
+        _sequence_loss_needs_seq_mean),
+    CrossFieldRule(
+        "algorithm.policyLossConfig.clipCovUb",
+        "self.algorithm.policyLossConfig.clipCovUb > self.algorithm.policyLossConfig.clipCovLb",
+        "algorithm.policyLossConfig.clipCovUb must be > clipCovLb",
+        _clip_cov_bounds_ordered),
+    CrossFieldRule(
+        "algorithm.policyLossConfig.droBeta",
+        "self.algorithm.policyLoss != 'dro' || has(self.algorithm.policyLossConfig.droBeta)",
+        "algorithm.policyLossConfig.droBeta is required with policyLoss dro",
+        _dro_needs_beta),
+    CrossFieldRule(
+        "algorithm.rolloutCorrection.rolloutIs",
+        "self.algorithm.policyLoss != 'geo_mean' || !has(self.algorithm.rolloutCorrection) || "
+        "!has(self.algorithm.rolloutCorrection.rolloutIs) || self.algorithm.rolloutCorrection.rolloutIs != 'token'",
+        "algorithm.rolloutCorrection.rolloutIs token is not built for policyLoss geo_mean; use sequence",
+        _geo_mean_sequence_weights),
     CrossFieldRule(
         "reward.overlongBuffer.len",
         "!self.reward.overlongBuffer.enable || "

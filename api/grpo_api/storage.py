@@ -102,6 +102,11 @@ class Storage:
         self._local = pafs.LocalFileSystem()
         self._s3: pafs.S3FileSystem | None = None
 
+    @property
+    def spec(self) -> StorageSpec:
+        """The endpoint and region this reads s3:// with (a model beside a run is fetched with them)."""
+        return self._spec
+
     # -- URI resolution --------------------------------------------------------------------
 
     def resolve(self, uri: str) -> tuple[pafs.FileSystem, str]:

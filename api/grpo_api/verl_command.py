@@ -2,12 +2,12 @@
 as a shell script, a pasted line or argv) or a verl YAML config, into one flat, ordered
 `{dotted.key: value}` dict with hydra's value types. `grpo_api.from_verl` maps that dict.
 
-Shell: enough of bash for launch scripts: quotes, `\\` continuations (and the `\\ ` that a
-flattened paste leaves between arguments), comments, `;`/`&&`/`|`, redirections, `NAME=value`
-and `export` assignments, `$VAR`, `${VAR}`, `${VAR:-default}`, `${VAR,,}`, `$((arithmetic))`.
-Variables the script assigns are substituted, as the shell would; the environment (`$HOME`) is
-consulted only with `expand_env` and is otherwise left as written. Command substitution is
-never run.
+Shell: a script is run by bash itself (`grpo_api.verl_shell`: launchers stubbed, in temporary
+folders), so the arguments are the ones bash passes. Text that bash launches nothing from and that
+has no shell logic (a command flattened onto one line by a web page, with `\\ ` between its
+arguments; pasted `key=value` lines) is read by the small static reader below: quotes, `\\`
+continuations, comments, `$VAR`, `${VAR:-default}`, `$((arithmetic))`; the environment (`$HOME`)
+is consulted only with `expand_env` and is otherwise left as written.
 
 Hydra: `+key=v` / `++key=v` additions, `~key` deletions, values typed as hydra types them
 (true/false, null, ints, floats like 1e-6, quoted strings, `[a,b]` lists, `{k: v}` dicts), and
@@ -27,9 +27,14 @@ from typing import Any
 
 import yaml
 
-# `python -m MODULE` entry points whose overrides are verl config keys.
-_ENTRY_MODULE = re.compile(r"^(verl\.trainer\.main_\w+|recipe\.[\w.]+\.main_\w+|verl\.[\w.]*main_\w+)$")
+from grpo_api import verl_shell
+
+# `python -m MODULE` entry points whose overrides are verl config keys: verl's and its recipes'
+# trainers (`from_verl` refuses those it doesn't implement, by name).
+_ENTRY_MODULE = re.compile(r"^(verl|recipe)\.[\w.]*(main|trainer)\w*$")
 _ENTRY_SCRIPT = re.compile(r"(^|/)(main_ppo|main_dapo|main_\w+)\.py$")
+# Shell logic: text holding any is never read statically (a branch bash skips would be applied).
+_SHELL_LOGIC = re.compile(r"(^|[;&|(]|\n)\s*(if|case|for|while|until|select|function|source|\.)\s|\w\s*\(\)\s*\{|&&|\|\|")
 _OVERRIDE = re.compile(r"^(\+{0,2}|~)([A-Za-z_][\w-]*(\.[\w-]+)+)(=(.*))?$", re.S)
 _NAME = re.compile(r"[A-Za-z_]\w*")
 VERL_SECTIONS = ("actor_rollout_ref", "algorithm", "critic", "custom_reward_function", "data",
@@ -398,10 +403,11 @@ class _Expander:
         return m.group(1), self.word(rest) or ""
 
 
-def read_input(path: str | None, *, args: list[str] | None = None,
-               expand_env: bool = False) -> tuple[VerlConfig, str]:
+def read_input(path: str | None, *, args: list[str] | None = None, expand_env: bool = False,
+               env: dict[str, str] | None = None) -> tuple[VerlConfig, str]:
     """What `grpo from-verl` reads, and a name for it: a file or stdin (`-` or None) holding a
-    command or a YAML config, and/or arguments (appended to a command, as its `$@`)."""
+    script or a YAML config, and/or arguments (a script's arguments, its `$@`). `env`: variables
+    set for the script's run (`--env DEVICE=npu`)."""
     if args is not None and not path:
         return read_command(argv=args, expand_env=expand_env), "arguments"
     if path in (None, "-"):
@@ -413,7 +419,8 @@ def read_input(path: str | None, *, args: list[str] | None = None,
             raise VerlInputError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from None
     doc = looks_like_verl_yaml(text)
     if doc is None:
-        return read_command(text, extra=args or [], expand_env=expand_env), source
+        script = None if path in (None, "-") else path
+        return read_script(text, path=script, extra=args or [], expand_env=expand_env, env=env), source
     if args:
         raise VerlInputError("arguments after -- extend a command, not a YAML config")
     return read_yaml(doc, expand_env=expand_env), source
@@ -427,6 +434,44 @@ def _find_entry(words: list[str]) -> int | None:
         if _ENTRY_SCRIPT.search(w) and "=" not in w:
             return i + 1
     return None
+
+
+def read_script(text: str, *, path: str | None = None, extra: list[str] = (), expand_env: bool = False,
+                env: dict[str, str] | None = None) -> VerlConfig:
+    """A launch script as bash runs it: the arguments of its one verl launch. `extra` are the
+    script's arguments (`bash run.sh k=v`); overrides among them that the script doesn't forward
+    (no `$@`) are appended to the launch, with a warning."""
+    try:
+        run = verl_shell.run_script(text, path=path, args=list(extra), env=env, expand_env=expand_env)
+    except verl_shell.ShellError as exc:
+        raise VerlInputError(str(exc)) from None
+    launches = [(argv, start) for argv in run.launches if (start := _find_entry(argv)) is not None]
+    if not launches and not _SHELL_LOGIC.search(text):
+        return read_command(text, extra=extra, expand_env=expand_env)     # a paste: no shell logic to follow
+    setting = f" with {', '.join(f'{k}={v}' for k, v in env.items())}" if env else ""
+    if len(launches) > 1:
+        raise VerlInputError(f"the script launches {len(launches)} verl entry points{setting}: "
+                             + "; ".join(verl_shell.describe(a) for a, _ in launches) + "; translate one at a time")
+    if not launches:
+        said = run.stderr.strip().splitlines()[-3:]
+        raise VerlInputError(f"the script launches no verl entry point (python3 -m verl.trainer.main_ppo ...) as bash "
+                             f"runs it{setting} (bash exit code {run.code}"
+                             + (f"; its last words: {' | '.join(said)}" if said else "") + ")")
+    argv, start = launches[0]
+    cfg = VerlConfig(entry=argv[start - 1], warnings=list(run.warnings))
+    # What else the script runs is not run here: data preparation, probes. (verl's DEVICE probe,
+    # `python3 -c 'import torch_npu'`, answers "gpu" as on an NVIDIA machine: nothing to say.)
+    cfg.warnings += [f"not run here: {verl_shell.describe(a)} (the script sees no output from it)"
+                     for a in run.launches if _find_entry(a) is None and "import torch_npu" not in a]
+    overrides = argv[start:]
+    dropped = [w for w in extra if _OVERRIDE.match(w) and w not in overrides]
+    if dropped:
+        cfg.warnings.append(f"the script doesn't pass its arguments on (no \"$@\"); its {len(dropped)} key=value "
+                            f"argument(s) appended to its launch")
+    for word in [*overrides, *dropped]:
+        _add_override(cfg, word)
+    _resolve_interpolations(cfg, expand_env)
+    return cfg
 
 
 def read_command(text: str | None = None, *, argv: list[str] | None = None, extra: list[str] = (),

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from grpo_api.contracts import BAD_INPUT_EXIT_CODE
+
 
 def validate(argv: list[str]) -> int:
     """Check GRPOJob files and list every error with its field path (the operator's checks too)."""
@@ -53,7 +55,7 @@ def run(argv: list[str]) -> int:
         return run_job(args.job, args.overrides, metrics=args.metrics)
     except (JobError, ValueError, OSError, CheckpointKeyError) as exc:   # a bad job, a missing file, an unwritable folder
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return BAD_INPUT_EXIT_CODE
     except LaunchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -83,7 +85,7 @@ def report(argv: list[str]) -> int:
         written = write_report(Path(args.run_dir), Path(args.out) if args.out else None)
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return BAD_INPUT_EXIT_CODE
     print((written[-1]).read_text(), end="")
     print(f"Wrote {len(written)} files to {written[-1].parent}")
     return 0
@@ -98,7 +100,7 @@ def operator(argv: list[str]) -> int:
             settings = settings_mod.from_arguments(_settings_parser(settings_mod).parse_args(argv[1:]))
         except ValueError as exc:
             print(f"grpo operator check-uninstall: {exc}", file=sys.stderr)
-            return 2
+            return BAD_INPUT_EXIT_CODE
         return check_uninstall(settings.namespaces)
     parser = _settings_parser(settings_mod)
     parser.add_argument("--verbose", action="store_true", help="debug logging")
@@ -107,7 +109,7 @@ def operator(argv: list[str]) -> int:
         settings = settings_mod.from_arguments(args)
     except ValueError as exc:
         print(f"grpo operator: {exc}", file=sys.stderr)
-        return 2
+        return BAD_INPUT_EXIT_CODE
 
     import asyncio
 

@@ -24,6 +24,11 @@ Condition types the operator sets:
     SecretMissing  a Secret the job's pods need doesn't exist (reason SecretNotFound, the message
                  names it and the field: `secret "x" not found (spec.storage.secretRef)`); the
                  job fails once it lasts the operator's missing_secret_grace_seconds
+    ServersFailing  a rollout, reward or sandbox server pod crash-loops or can't start (reason
+                 RolloutServerFailing, RewardServerFailing, SandboxServerFailing; the message names
+                 the pod, the container's state, its exit code and the end of its log); the job
+                 fails at once on a server's bad-input exit (2), else once it lasts
+                 (lifecycle.SERVER_RESTART_LIMIT); False (ServersRecovered) once they serve
     ProgressUnreadable  the operator can't read progress.json (no storage credentials, most
                  often): why the Step, Reward and Val columns stay empty
 """

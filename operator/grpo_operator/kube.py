@@ -82,11 +82,11 @@ class Kube:
     # -- transport ------------------------------------------------------------------------
 
     def request(self, method: str, url_path: str, *, body: Any = None, query: dict | None = None,
-                content_type: str = "application/json") -> dict[str, Any] | None:
-        """One API call; the decoded reply, None for 404 on GET. Raises KubeError."""
+                content_type: str = "application/json", raw: bool = False) -> Any:
+        """One API call; the decoded reply (its bytes with `raw`), None for 404 on GET. Raises KubeError."""
         if query:
             url_path += "?" + urlencode(query)
-        headers = {"Accept": "application/json", "Content-Type": content_type}
+        headers = {"Accept": "*/*" if raw else "application/json", "Content-Type": content_type}
         try:
             method, url, headers, body, _ = self.api.param_serialize(
                 method=method, resource_path=url_path, header_params=headers, body=body,
@@ -111,6 +111,8 @@ class Kube:
             except ValueError:
                 reason, message = "", data[:300].decode(errors="replace")
             raise KubeError(status, reason, message)
+        if raw:
+            return data
         return json.loads(data) if data else {}
 
     # -- objects --------------------------------------------------------------------------
@@ -121,6 +123,13 @@ class Kube:
     def list(self, api_version: str, kind: str, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
         query = {"labelSelector": ",".join(f"{k}={v}" for k, v in sorted(selector.items()))}
         return self.request("GET", path(api_version, kind, namespace), query=query)["items"]
+
+    def pod_log(self, namespace: str, name: str, *, previous: bool = False,
+                limit_bytes: int = 16 << 20) -> bytes | None:
+        """A pod's container log: its last 100,000 lines, `limit_bytes` at most (`previous`: the
+        container's before its last restart); None when the pod is gone."""
+        query = {"tailLines": "100000", "limitBytes": str(limit_bytes), **({"previous": "true"} if previous else {})}
+        return self.request("GET", path("v1", "Pod", namespace, name, "log"), query=query, raw=True)
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply: creates the object or makes the operator's fields equal to obj's."""

@@ -26,14 +26,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from grpo_api.contracts import BAD_INPUT_EXIT_CODE
 from grpo_api.spec import Condition, GRPOJob, GRPOJobStatus, Phase, Progress
 
 from grpo_operator import conditions as cond
 from grpo_operator import names
 from grpo_operator.pods import PodsView
-
-BAD_INPUT_EXIT_CODE = 2
-"""The trainer's exit code for input it refuses (grpo_trainer.commands): not retried."""
 
 TERMINAL = (Phase.Succeeded, Phase.Failed)
 
@@ -153,6 +151,8 @@ class _Draft:
         self.set("Running", False, phase.value, "")
         if cond.find(self.conditions, "PodsPending"):
             self.set("PodsPending", False, phase.value, "")
+        if ok and cond.is_true(self.conditions, "ServersFailing"):   # a failure keeps it: it may be the cause
+            self.set("ServersFailing", False, phase.value, "")
         self.event("Normal" if ok else "Warning", reason, message)
 
     def decision(self, obs: Observed) -> Decision:
@@ -164,8 +164,8 @@ class _Draft:
 
 
 # The conditions that say why a job isn't simply running, most telling first.
-_REASON_CONDITIONS = ("Failed", "Invalid", "SecretMissing", "PodsPending", "Queued", "Suspended", "TrainerFailed",
-                      "ProgressUnreadable")
+_REASON_CONDITIONS = ("Failed", "Invalid", "SecretMissing", "PodsPending", "ServersFailing", "Queued", "Suspended",
+                      "TrainerFailed", "ProgressUnreadable")
 
 
 def _reason(conditions: list[Condition]) -> str | None:
@@ -267,8 +267,9 @@ def _suspend(s: _Draft, obs: Observed) -> None:
     s.phase = Phase.Suspended
     s.set("Suspended", True, reason, message)
     s.set("Running", False, "Suspended", "")
-    if cond.find(s.conditions, "PodsPending"):
-        s.set("PodsPending", False, "Suspended", "")
+    for type_ in ("PodsPending", "ServersFailing"):
+        if cond.find(s.conditions, type_):
+            s.set(type_, False, "Suspended", "")
 
 
 def _run(s: _Draft, job: GRPOJob, obs: Observed, old: GRPOJobStatus) -> None:
@@ -337,6 +338,8 @@ def _run(s: _Draft, job: GRPOJob, obs: Observed, old: GRPOJobStatus) -> None:
               "" if running else "waiting for the trainer pods to run")
         _pods_pending(s, not (running and rollout_ok), obs)
         _missing_secret(s, job, obs, not (running and rollout_ok))
+    if _servers_failing(s, obs, serving=replicas > 0):
+        return
     _deadlines(s, job, obs)
 
 
@@ -421,6 +424,48 @@ def _missing_secret(s: _Draft, job: GRPOJob, obs: Observed, waiting: bool) -> No
         s.event("Warning", "SecretNotFound", f"{message}: pod {problem.pod} can't start; the job fails if it is "
                                              f"still missing {obs.missing_secret_grace_seconds:g}s after the first sign")
     s.set("SecretMissing", True, "SecretNotFound", message)
+
+
+SERVER_RESTART_LIMIT = 3
+SERVER_FAILING_SECONDS = 300
+"""A server that crashed at least SERVER_RESTART_LIMIT times and hasn't served for
+SERVER_FAILING_SECONDS (the ServersFailing condition's age) fails the job: by then the kubelet's
+back-off has retried it four times, and the trainer, which waits 900 s for a server, would
+only use a restart and then blame the network. Both bounds, so that the one crash of a server
+that ran for hours (whose restart count grew over days) has the time to load its model again."""
+
+_SERVER_REASONS = {names.ROLLOUT: "RolloutServerFailing", names.REWARD: "RewardServerFailing",
+                   names.SANDBOX: "SandboxServerFailing"}
+
+
+def _servers_failing(s: _Draft, obs: Observed, serving: bool) -> bool:
+    """A server pod that crash-loops or can't start: condition ServersFailing naming it, with its
+    exit code and the end of its log, and a Warning event. A server that refused its input (exit 2:
+    a missing model path, a reward function that can't be imported) fails the job at once, as the
+    trainer's bad input does; any other crash once it lasts (SERVER_RESTART_LIMIT). True when the
+    job failed."""
+    failures = obs.pods.server_failures if serving else ()
+    if not failures:
+        if cond.is_true(s.conditions, "ServersFailing"):
+            s.set("ServersFailing", False, "ServersRecovered", "")
+        return False
+    first = failures[0]
+    reason = _SERVER_REASONS[first.role]
+    message = first.describe() + (f" (and {len(failures) - 1} more failing server pod(s))" if len(failures) > 1 else "")
+    old = cond.find(s.conditions, "ServersFailing")
+    s.set("ServersFailing", True, reason, message)
+    since = cond.true_since(s.conditions, "ServersFailing")
+    if first.exit_code == BAD_INPUT_EXIT_CODE:
+        why = (f"a server refused its input (exit code {BAD_INPUT_EXIT_CODE}; not retried: fix the spec and create "
+               f"the job again)")
+    elif first.restarts >= SERVER_RESTART_LIMIT and s.now >= since + timedelta(seconds=SERVER_FAILING_SECONDS):
+        why = f"a server kept failing ({first.restarts} restarts, not serving for {(s.now - since).total_seconds():.0f}s)"
+    else:
+        if old is None or old.status != "True" or old.reason != reason:
+            s.event("Warning", reason, message)
+        return False
+    _fail_now(s, obs, reason, f"{why}: {message}")    # its event says it all
+    return True
 
 
 def _pods_pending(s: _Draft, waiting: bool, obs: Observed) -> None:

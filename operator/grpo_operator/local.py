@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import io
 import json
 import logging
 import os
+import pty
 import secrets
 import shutil
 import signal
@@ -31,6 +33,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,11 +46,14 @@ log = logging.getLogger("grpo.run")
 BUILTIN = "builtin://"
 CACHE = Path(os.environ.get("GRPO_CACHE", Path.home() / ".cache" / "grpo-operator"))
 MAX_ROLLOUT_RESTARTS = 5
+LOOPBACK = "127.0.0.1"
+"""Where every server of a local run listens, gRPC and /metrics alike: this machine only (the
+sandbox runs the model's code; the servers' token is in the run folder)."""
 
 
 def free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((LOOPBACK, 0))
         return s.getsockname()[1]
 
 
@@ -86,7 +92,7 @@ def _builtin_model(uri: str) -> str:
     name = uri.removeprefix(BUILTIN)             # e.g. tiny-qwen3
     if not name.startswith("tiny-"):
         raise ValueError(f"spec.model.path: unknown builtin model {uri!r} (known: builtin://tiny-qwen3, "
-                         f"builtin://tiny-qwen3-rm)")
+                         f"builtin://tiny-qwen3-rm, builtin://tiny-qwen3-tools)")
     out = CACHE / "builtin" / __version__ / name   # versioned: a new release rebuilds its assets
     if not (out / "config.json").exists():
         log.info("Building the tiny model %s (first use)...", out)
@@ -145,21 +151,26 @@ def _last_line(path: Path | None) -> str:
 
 def preflight(job: GRPOJob) -> None:
     """What can be checked on this machine before anything starts or is written: a local model
-    folder and local dataset files exist; a model in object storage is fetched into the user's
-    cache (once: the trainer and rollout processes then find it there)."""
+    folder and local dataset files exist, and every row of those is one the trainer takes (a bad
+    row fails now, named, not after the servers have loaded the model); a model in object storage
+    is fetched into the user's cache (once: the trainer and rollout processes then find it there)."""
+    from grpo_api.dataset_rows import check_local_dataset
+    from grpo_api.images import check_local_images
     from grpo_api.model_cache import local_model
     from grpo_api.storage import check_local_model_path
     spec = job.spec
-    model = local_model(spec.model, spec.storage, log=log.info)
-    check_local_model_path(model.path)
-    if model.tokenizer_path:
-        check_local_model_path(model.tokenizer_path, "spec.model.tokenizerPath")
     for field, files in (("trainFiles", spec.data.train_files), ("valFiles", spec.data.val_files)):
         for i, uri in enumerate(files):
             if "://" in uri and not uri.startswith("file://"):
                 continue        # object storage: the trainer reads (and checks) it
             if not Path(uri.removeprefix("file://")).is_file():
                 raise FileNotFoundError(f"spec.data.{field}[{i}]: {uri} not found")
+            check_local_dataset(uri.removeprefix("file://"), spec.data, spec.reward)   # its warning: the trainer's
+            check_local_images(uri.removeprefix("file://"), spec.data.image_key)   # an unreadable one: named
+    model = local_model(spec.model, spec.storage, log=log.info)    # after the data: a fetch can take minutes
+    check_local_model_path(model.path)
+    if model.tokenizer_path:
+        check_local_model_path(model.tokenizer_path, "spec.model.tokenizerPath")
 
 
 def _run_secrets(root: Path):
@@ -180,6 +191,41 @@ def _run_secrets(root: Path):
     return rpc.ClientAuth(token, tls.ca_cert.encode(), "localhost"), rollout_env, trainer_env
 
 
+class Relay:
+    """Passes a child's output on to ours as it comes until `mute()`: after Ctrl-C the run's last
+    line is the launcher's, not what the trainer says while it stops. On a terminal the child
+    writes to a pseudo-terminal (its progress bar stays on: tqdm draws only on a tty)."""
+
+    def __init__(self, sources: list[tuple[object, object]]):
+        """`sources`: (a readable binary file of the child's output, the stream it goes to)."""
+        self.muted = False
+        self.threads = [threading.Thread(target=self._relay, args=source, daemon=True) for source in sources]
+        for thread in self.threads:
+            thread.start()
+
+    def _relay(self, pipe, out) -> None:
+        # a pipe line by line; a pseudo-terminal as it comes (a progress bar redraws with \r)
+        read = pipe.read if isinstance(pipe, io.FileIO) else lambda _: pipe.readline()
+        with pipe:
+            while True:
+                try:
+                    chunk = read(65536)
+                except OSError:        # EIO: every writer of the pseudo-terminal is gone
+                    break
+                if not chunk:
+                    break
+                if not self.muted:
+                    out.buffer.write(chunk)
+                    out.buffer.flush()
+
+    def mute(self) -> None:
+        self.muted = True
+
+    def join(self, timeout: float) -> None:
+        for thread in self.threads:
+            thread.join(timeout)
+
+
 @dataclass
 class Child:
     name: str
@@ -188,12 +234,28 @@ class Child:
     proc: subprocess.Popen | None = None
     restarts: int = 0
 
+    relay: Relay | None = None
+    """Without a log file: the child's output, passed on to ours until the run is stopped."""
+
     def start(self, env: dict[str, str]) -> None:
-        out = open(self.log_path, "ab") if self.log_path else None
-        self.proc = subprocess.Popen(self.argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                     preexec_fn=_die_with_parent)
-        if out:
-            out.close()
+        if self.log_path is None:
+            self._start_relayed(env)
+            return
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(self.argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                         preexec_fn=_die_with_parent)
+
+    def _start_relayed(self, env: dict[str, str]) -> None:
+        if sys.stderr.isatty():
+            terminal, child_side = pty.openpty()
+            self.proc = subprocess.Popen(self.argv, env=env, stdout=child_side, stderr=child_side,
+                                         preexec_fn=_die_with_parent)
+            os.close(child_side)
+            self.relay = Relay([(open(terminal, "rb", buffering=0), sys.stderr)])
+        else:
+            self.proc = subprocess.Popen(self.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         preexec_fn=_die_with_parent)
+            self.relay = Relay([(self.proc.stdout, sys.stdout), (self.proc.stderr, sys.stderr)])
 
     def stop(self, grace: float = 10.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -224,7 +286,10 @@ class LocalRun:
         self.spec_path = self.root / "job.yaml"
         self.spec_path.write_text(dump_job(job))
         self.client_auth, self.rollout_env, self.trainer_env = _run_secrets(self.root)
-        self.rollout_ports = [free_port() for _ in range(job.spec.rollout.replicas)]
+        # colocated (issue 46): the trainer process runs its node's servers itself, beside the ranks
+        self.colocated = job.spec.colocated
+        self.rollout_ports = [free_port() for _ in range(job.spec.servers_per_node if self.colocated else
+                                                           job.spec.rollout.replicas)]
         # Before the rollout servers, which call them: reward models (issue 31), the python sandbox (issue 32).
         self.dependencies = [*self._reward_servers(), *self._sandbox_servers()]
         # Prometheus ports (--metrics): the trainer's, one per rollout server. Without it the trainer
@@ -237,14 +302,29 @@ class LocalRun:
         if self.sandbox_ports:
             client_args += ["--sandbox", ",".join(f"127.0.0.1:{p}" for p in self.sandbox_ports)]
         self.rollouts = [
-            Child(f"rollout-{i}", [*grpo, "rollout", "--spec", str(self.spec_path), "--port", str(port),
+            Child(f"rollout-{i}", [*grpo, "rollout", "--spec", str(self.spec_path), "--host", LOOPBACK,
+                                   "--port", str(port),
                                    "--metrics-port", str(mport), "--worker-id", f"rollout-{i}", *client_args],
                   self.logs / f"rollout-{i}.log")
             for i, (port, mport) in enumerate(zip(self.rollout_ports, self.rollout_metrics_ports))]
         addresses = ",".join(f"127.0.0.1:{p}" for p in self.rollout_ports)
         nproc = job.spec.trainer.nproc_per_node
+        # torchrun in `grpo trainer --torchrun`: it exits with the failed rank's own code (2: bad input)
+        # after that rank's `error:` line, without torchrun's report page
+        torchrun = [*grpo, "trainer", "--torchrun"]
+        if self.colocated:
+            # `grpo trainer --colocate` starts the servers (each on its ranks' GPUs), then torchrun
+            # in its own process; a server that dies fails the trainer, which is not restarted.
+            torchrun = [*grpo, "trainer", "--colocate", "--spec", str(self.spec_path), "--ports",
+                        ",".join(map(str, self.rollout_ports)), "--rollout-arg=--metrics-port=-1",
+                        *(f"--rollout-arg={a}" for a in client_args), "--torchrun"]
+            self.rollouts = []
+            # the servers run in the trainer's process with the trainer's environment (less the
+            # checkpoint key, which the supervisor drops): they need their certificate too
+            self.trainer_env = {**self.trainer_env, **{k: self.rollout_env[k] for k in self.rollout_env
+                                                      if k not in self.trainer_env}}
         self.trainer = Child("trainer", [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            *torchrun, "--standalone", f"--nproc-per-node={nproc}",
             "--no-python", *grpo, "trainer", "--spec", str(self.spec_path), "--rollout", addresses, "--run-locally",
             *(["--metrics-port", str(self.trainer_metrics_port)] if metrics else [])])
         if metrics:
@@ -258,7 +338,8 @@ class LocalRun:
         for m in self.job.spec.reward.reward_models:
             self.reward_ports[m.name] = [free_port() for _ in range(m.replicas)]
             servers += [(Child(f"reward-{m.name}-{r}", [*grpo_command(), "reward", "--spec", str(self.spec_path),
-                                                        "--model", m.name, "--port", str(port), "--metrics-port", "-1"],
+                                                        "--model", m.name, "--host", LOOPBACK, "--port", str(port),
+                                                        "--metrics-port", "-1"],
                                self.logs / f"reward-{m.name}-{r}.log"), port, "reward")
                         for r, port in enumerate(self.reward_ports[m.name])]
         self._trust_run_ca(servers)
@@ -269,8 +350,9 @@ class LocalRun:
         programs), on loopback with the run's token and certificate."""
         self.sandbox_ports = [free_port() for _ in range(self.job.spec.rollout.multi_turn.sandbox_replicas(
             kubernetes=False))]
-        servers = [(Child(f"sandbox-{r}", [*grpo_command(), "sandbox", "--spec", str(self.spec_path), "--port",
-                                           str(port), "--metrics-port", "-1"], self.logs / f"sandbox-{r}.log"),
+        servers = [(Child(f"sandbox-{r}", [*grpo_command(), "sandbox", "--spec", str(self.spec_path), "--host",
+                                           LOOPBACK, "--port", str(port), "--metrics-port", "-1"],
+                          self.logs / f"sandbox-{r}.log"),
                     port, "sandbox") for r, port in enumerate(self.sandbox_ports)]
         self._trust_run_ca(servers)
         return servers
@@ -348,8 +430,9 @@ class LocalRun:
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             log.info("Run directory: %s", self.root)
-            log.info("Launching %d rollout server(s) (%s engine, n=%d per prompt)...", len(self.rollouts),
-                     self.job.spec.rollout.engine, self.job.spec.rollout.n)
+            log.info("Launching %d rollout server(s)%s (%s engine, n=%d per prompt)...", len(self.rollout_ports),
+                     " in the trainer process (colocated)" if self.colocated else "", self.job.spec.rollout.engine,
+                     self.job.spec.rollout.n)
             for child in self.dependency_children:
                 child.start(self.rollout_env)
             self._wait_dependencies_ready()
@@ -359,6 +442,8 @@ class LocalRun:
             self.trainer.start(self.trainer_env)
             return self._supervise()
         except KeyboardInterrupt:
+            if self.trainer.relay is not None:
+                self.trainer.relay.mute()
             log.warning("Interrupted: stopping every process (re-run to resume from the last checkpoint)")
             return 130
         finally:
@@ -370,8 +455,13 @@ class LocalRun:
         while True:
             code = self.trainer.proc.poll()
             if code is not None:
-                if code:
-                    log.error("Trainer exited with code %d", code)
+                # The trainer said why it failed (its own `error:` line, or `grpo trainer
+                # --torchrun`'s about a crashed rank): that stays the last line, its code ours.
+                if self.trainer.relay is not None:
+                    self.trainer.relay.join(timeout=30)   # to the end of its output: its ranks die with it
+                if code < 0:       # torchrun itself killed
+                    log.error("The trainer (torchrun, pid %d) was killed by signal %d", self.trainer.proc.pid, -code)
+                    return 128 - code
                 return code
             for child in [*self.dependency_children, *self.rollouts]:
                 if child.proc.poll() is not None:

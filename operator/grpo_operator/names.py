@@ -22,11 +22,6 @@ counted once even when the operator dies between counting it and replacing the J
 TRAINER, ROLLOUT, REWARD, SANDBOX = "trainer", "rollout", "reward", "sandbox"
 REWARD_MODEL_LABEL = "grpo.dev/reward-model"
 """On a reward model's Deployment, Service and pods: spec.reward.rewardModels[].name."""
-REWARD_ADDRESSES_ENV = "GRPO_REWARD_ADDRESSES"
-"""The rollout servers' list of reward servers (grpo_rollout.reward_client.ADDRESSES_ENV; the
-operator doesn't import the rollout package)."""
-SANDBOX_ADDRESSES_ENV = "GRPO_SANDBOX_ADDRESSES"
-"""The rollout servers' sandbox servers (grpo_rollout.tools.sandbox_client.ADDRESSES_ENV)."""
 
 KUEUE_LABELS = ("kueue.x-k8s.io/queue-name", "kueue.x-k8s.io/priority-class")
 """Kueue's labels, passed from the GRPOJob to its trainer Job as Kueue's own integrations pass
@@ -52,6 +47,12 @@ TLS_KEY_KEY = "tls.key"
 GRPC_PORT = 50051
 METRICS_PORT = 9090
 MASTER_PORT = 29500
+
+
+def colocated_metrics_port(index: int) -> tuple[str, int]:
+    """A trainer pod's colocated rollout server `index`'s /metrics port, by name and number (the
+    pod's `metrics` port is trainer rank 0's): every trainer pod serves these, node 0 or not."""
+    return f"metrics-{index}", METRICS_PORT + 1 + index
 
 
 def config_map_name(job: str) -> str:

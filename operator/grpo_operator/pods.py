@@ -1,4 +1,5 @@
-"""What a job's pods say: how many run, and why the others don't (pure, over API dicts).
+"""What a job's pods say: how many run, why the others don't, and which servers crash (pure,
+over API dicts).
 
 A pod stuck Pending says why in two places: the PodScheduled condition (Unschedulable, with the
 scheduler's message) and its containers' waiting state (ErrImagePull, ImagePullBackOff,
@@ -12,6 +13,8 @@ import re
 import signal
 from dataclasses import dataclass
 from typing import Any
+
+from grpo_api.contracts import BAD_INPUT_EXIT_CODE, STOPPED_EXIT_CODE
 
 from grpo_operator import names
 
@@ -60,6 +63,63 @@ class PodExit:
         return f"{head}: {tail}" if tail else head
 
 
+@dataclass(frozen=True)
+class ServerFailure:
+    """A rollout, reward or sandbox server pod whose container (or `model` init container) crashed
+    and hasn't been ready since, or can't start (an image or config error). The kubelet restarts it
+    on its own (CrashLoopBackOff), so nothing else says so: lifecycle.py makes it a condition."""
+
+    pod: str
+    role: str
+    container: str
+    reason: str
+    """CrashLoopBackOff, the crash's own (Error, OOMKilled) or the waiting one (ImagePullBackOff)."""
+    exit_code: int | None
+    """The last crash's exit code; None for a container that never ran."""
+    restarts: int
+    message: str
+    """The last crash's termination message (the end of its log: FallbackToLogsOnError), else the
+    waiting state's."""
+    reward_model: str = ""
+
+    def describe(self, max_chars: int = 700) -> str:
+        server = f"reward model {self.reward_model!r}" if self.reward_model else self.role
+        head = f"{server} server pod {self.pod} (container {self.container}): {self.reason}"
+        head += f", exit code {self.exit_code}" if self.exit_code is not None else ""
+        head += f", {self.restarts} restart(s)" if self.restarts else ""
+        tail = self.message.strip()[-max_chars:]
+        return f"{head}: {tail}" if tail else head
+
+
+def server_failure(pod: dict[str, Any]) -> ServerFailure | None:
+    """Why a server pod's container isn't serving, or None (a trainer pod, a healthy or a deleted
+    pod). A container running again after a crash but not ready yet still counts: its crash
+    loop would otherwise look healthy between back-offs."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    labels = meta.get("labels") or {}
+    role = labels.get(names.ROLE_LABEL)
+    if role not in (names.ROLLOUT, names.REWARD, names.SANDBOX) or meta.get("deletionTimestamp"):
+        return None
+    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        state = cs.get("state") or {}
+        waiting, now = state.get("waiting") or {}, state.get("terminated") or {}
+        last = (cs.get("lastState") or {}).get("terminated") or {}
+        crash = now if now.get("exitCode") else last if last.get("exitCode") else None
+        if waiting.get("reason") in STUCK_REASONS:
+            reason, crash = waiting["reason"], None
+        elif waiting.get("reason") == "CrashLoopBackOff" or now.get("exitCode"):
+            reason = waiting.get("reason") or now.get("reason") or "Error"
+        elif crash is not None and not now and not cs.get("ready"):
+            reason = crash.get("reason") or "Error"
+        else:
+            continue
+        message = (crash or {}).get("message") or waiting.get("message", "")
+        return ServerFailure(meta["name"], role, cs.get("name", ""), reason,
+                             crash.get("exitCode") if crash else None, cs.get("restartCount") or 0, message,
+                             labels.get(names.REWARD_MODEL_LABEL, ""))
+    return None
+
+
 def _signal_name(number: int) -> str | None:
     try:
         return signal.Signals(number).name
@@ -81,6 +141,8 @@ class PodsView:
     """Trainer pods of the current attempt that have stopped (Failed or Succeeded)."""
     old_trainer: tuple[str, ...] = ()
     """Trainer pods of earlier attempts (a failed attempt's, kept for `kubectl logs`)."""
+    server_failures: tuple[ServerFailure, ...] = ()
+    """Server pods that crash or can't start: a bad-input exit first, then the most restarted."""
 
 
 def pod_problem(pod: dict[str, Any]) -> PodProblem | None:
@@ -112,7 +174,7 @@ def view(pods: list[dict[str, Any]], *, attempt: int | None) -> PodsView:
     """Summarize the job's pods; trainer pods of other attempts (an old, failed Job's) only
     count as old."""
     trainer_running = rollout_running = 0
-    problems, exits, finished, old = [], [], [], []
+    problems, exits, finished, old, failing = [], [], [], [], []
     for pod in sorted(pods, key=_node_rank):
         meta = pod.get("metadata") or {}
         labels = meta.get("labels") or {}
@@ -124,7 +186,8 @@ def view(pods: list[dict[str, Any]], *, attempt: int | None) -> PodsView:
             continue
         if role == names.TRAINER and phase in ("Failed", "Succeeded") and not meta.get("deletionTimestamp"):
             finished.append(meta["name"])
-            if (stopped := pod_exit(pod)) is not None:
+            # a trainer stopped on SIGTERM (replaced by the Job, issue 48) is no failure to report
+            if (stopped := pod_exit(pod)) is not None and stopped.exit_code != STOPPED_EXIT_CODE:
                 exits.append(stopped)
         if role == names.TRAINER and phase in ("Running", "Succeeded"):
             trainer_running += 1
@@ -133,9 +196,13 @@ def view(pods: list[dict[str, Any]], *, attempt: int | None) -> PodsView:
         problem = pod_problem(pod)
         if problem is not None:
             problems.append(problem)
+        if (failure := server_failure(pod)) is not None:
+            failing.append(failure)
     # The specific reasons first: they are what the user must fix.
     problems.sort(key=lambda p: (p.reason == "Pending", p.pod))
-    return PodsView(trainer_running, rollout_running, tuple(problems), tuple(exits), tuple(finished), tuple(old))
+    failing.sort(key=lambda f: (f.exit_code != BAD_INPUT_EXIT_CODE, -f.restarts, f.pod))
+    return PodsView(trainer_running, rollout_running, tuple(problems), tuple(exits), tuple(finished), tuple(old),
+                    tuple(failing))
 
 
 def _node_rank(pod: dict[str, Any]) -> tuple[int, str]:

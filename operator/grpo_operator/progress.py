@@ -1,6 +1,6 @@
 """Training progress for the status: the trainer (rank 0) rewrites `progress.json` under the job's
-storage prefix every step (grpo_trainer.metrics.MetricsLogger.write_progress); the operator reads
-it on every resync and copies the keys the status has (grpo_api.spec.Progress).
+storage prefix every step (grpo_api.spec.Progress.to_json); the operator reads it on every
+resync into the same model, which the status holds.
 
 Reading must never block or fail a reconcile: a missing file (the first step hasn't finished)
 or unreadable JSON give no progress, and the status keeps the last. Storage the operator can't
@@ -10,32 +10,13 @@ as the ProgressUnreadable condition.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-
-from pydantic import ValidationError
 
 from grpo_api.spec import GRPOJob, Progress
 
-_FIELDS = {f.alias or name: name for name, f in Progress.model_fields.items()}
-
-
-def parse_progress(data: bytes) -> Progress | None:
-    """The Progress in a progress.json document (extra keys ignored), or None if unreadable."""
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(doc, dict):
-        return None
-    known = {k: v for k, v in doc.items() if k in _FIELDS and v is not None}
-    for key in ("step", "epoch", "policyVersion", "totalSteps"):
-        if isinstance(known.get(key), float):
-            known[key] = int(known[key])
-    try:
-        return Progress.model_validate(known)
-    except ValidationError:
-        return None
+SCORE_DIGITS = 4
+"""Significant digits of the scores the status shows (`kubectl get gj`'s Reward, Val and Best print
+the whole float, 17 digits of a mean over a batch); progress.json and metrics.jsonl keep them all."""
 
 
 def read_progress(job: GRPOJob, env: Mapping[str, str]) -> tuple[Progress | None, str | None]:
@@ -49,7 +30,17 @@ def read_progress(job: GRPOJob, env: Mapping[str, str]) -> tuple[Progress | None
         storage = Storage(job.spec.storage, env=env, attempts=2, backoff_seconds=0.2)
         if not storage.exists(uri):
             return None, None
-        return parse_progress(storage.read_bytes(uri)), None
+        return for_status(Progress.from_json(storage.read_bytes(uri))), None
     except (OSError, ValueError) as exc:
         # Never the credentials: StorageError messages name only the operation and the URI.
         return None, str(exc)
+
+
+def for_status(progress: Progress | None) -> Progress | None:
+    """The progress with its scores and failure fractions rounded to SCORE_DIGITS significant digits."""
+    if progress is None:
+        return None
+    scores = {"reward_mean": progress.reward_mean, "validation_score": progress.validation_score,
+              "best_score": progress.best_score, "reward_error_fraction": progress.reward_error_fraction,
+              "tool_error_fraction": progress.tool_error_fraction}
+    return progress.model_copy(update={k: float(f"{v:.{SCORE_DIGITS}g}") for k, v in scores.items() if v is not None})

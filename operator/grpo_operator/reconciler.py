@@ -33,6 +33,7 @@ from grpo_operator.kube import Kube, KubeError
 from grpo_operator.metrics import OperatorMetrics
 from grpo_operator.pki import make_job_tls
 from grpo_operator.progress import read_progress
+from grpo_operator.server_logs import keep_server_logs
 from grpo_operator.settings import OperatorSettings
 from grpo_operator.validation import parse_grpojob
 
@@ -196,7 +197,7 @@ class Reconciler:
         kueue_message = None
         if trainer is not None and trainer.suspended and self._has_api(_KUEUE_API):
             kueue_message = self._why_not_admitted(ns, trainer_obj["metadata"]["uid"])
-        deployment = self.kube.get("apps/v1", "Deployment", ns, names.rollout_name(name))
+        deployment = self.kube.get("apps/v1", "Deployment", ns, _followed_deployment(job, name))
         replicas, ready = None, 0
         if deployment is not None and _owned_by(deployment, uid):
             replicas = (deployment.get("spec") or {}).get("replicas", 1)
@@ -204,6 +205,8 @@ class Reconciler:
         # Only a valid job's pods are looked at: an invalid name (over-long, admitted by an older
         # CRD) is no valid label value, and an invalid job only needs its pods stopped.
         pod_list = self.kube.list("v1", "Pod", ns, {names.JOB_LABEL: name}) if job is not None else []
+        if job is not None and job.spec.colocated:
+            ready = _colocated_ready(job, pod_list)
         attempt = trainer.attempt if trainer is not None else status.restarts
         # A finished job's progress.json no longer changes: it is read one last time when the
         # trainer's outcome is first seen (the final step's numbers), then never again.
@@ -223,7 +226,7 @@ class Reconciler:
             rollout_replicas=replicas, rollout_ready=ready, progress=progress, progress_error=progress_error if read_now else None,
             progress_read=read_now, children_applied=self._applied.get((ns, name)) == (uid, generation),
             kueue_message=kueue_message,
-            runs_with=f"trainer image {settings.trainer_image}, rollout image {settings.rollout_image}",
+            runs_with=runs_with(settings),
             progress_hint=hint, missing_secret_grace_seconds=self.settings.missing_secret_grace_seconds,
             run_uri=job_root(job, local=False) if job is not None and job.spec.storage.uri else None)
 
@@ -266,9 +269,12 @@ class Reconciler:
             for child in manifests.build_children(job, settings, pod_monitor=self._pod_monitor_enabled()):
                 kube.apply(child)
             self._applied[(ns, name)] = (meta["uid"], meta.get("generation", 1))
+        if (d.rollout_replicas == 0 or d.delete_rollout) and job is not None:
+            self._keep_server_logs(obj, job)        # before the pods go with their logs
         if d.rollout_replicas is not None:
             if job is not None:
-                kube.apply(manifests.build_rollout_deployment(job, settings, replicas=d.rollout_replicas))
+                if not job.spec.colocated:          # colocated: the trainer pods run the servers
+                    kube.apply(manifests.build_rollout_deployment(job, settings, replicas=d.rollout_replicas))
                 # The reward and sandbox servers live as long as the rollout servers, their only callers.
                 for deployment in manifests.build_rollout_dependencies(job, settings,
                                                                      rollout_replicas=d.rollout_replicas):
@@ -309,6 +315,22 @@ class Reconciler:
             except KubeError as exc:
                 if exc.status != 404:
                     raise
+
+    def _keep_server_logs(self, obj: dict, job: GRPOJob) -> None:
+        """The reward and sandbox pods' logs into the run (server_logs); one Warning event naming
+        the pods whose log could not be kept, and why."""
+        if not (job.spec.reward.reward_models or manifests.sandbox_replicas(job)):
+            return
+        env, _ = self._storage_env(job)
+        try:
+            failed = keep_server_logs(self.kube, job, env)
+        except KubeError as exc:             # the pods can't be listed: a log line, not a failed reconcile
+            failed = [f"listing the pods: {exc}"]
+        if failed:
+            self._event(obj, "Warning", "ServerLogsNotKept",
+                        f"the logs of the reward and sandbox pods are not kept in the run ({'; '.join(failed)[:800]}); "
+                        f"the operator writes them with its storage credentials (operator.readStorageSecrets, "
+                        f"operator.storageCredentialsSecret)")
 
     def _event(self, obj: dict, type_: str, reason: str, message: str) -> None:
         log.log(logging.WARNING if type_ == "Warning" else logging.INFO, "%s/%s: %s: %s",
@@ -362,6 +384,14 @@ class Reconciler:
         return lifecycle.DEFAULT_PROGRESS_HINT
 
 
+def runs_with(settings: OperatorSettings) -> str:
+    """The job's pinned images for its Created condition, and how to change them: a job created
+    during a bad `helm upgrade` keeps that upgrade's images after `helm rollback` (issue 48)."""
+    return (f"trainer image {settings.trainer_image}, rollout image {settings.rollout_image}; another rollout "
+            "image for this job: the image of spec.rollout.template's container (a running job takes it), "
+            "another trainer image only in a new job (spec.trainer.template)")
+
+
 def _owned_by(obj: dict, uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
 
@@ -376,6 +406,28 @@ def _status(obj: dict) -> GRPOJobStatus:
 
 def _dump(status: GRPOJobStatus) -> dict[str, Any]:
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _followed_deployment(job: GRPOJob | None, name: str) -> str:
+    """The Deployment whose replicas the lifecycle decides: the rollout servers'; for a colocated
+    job, which has none, the reward or sandbox servers' that follow them (scaled to 0 when the job
+    ends)."""
+    if job is not None and job.spec.colocated:
+        if job.spec.reward.reward_models:
+            return names.reward_model_name(name, job.spec.reward.reward_models[0].name)
+        if manifests.sandbox_replicas(job):
+            return names.sandbox_name(name)
+    return names.rollout_name(name)
+
+
+def _colocated_ready(job: GRPOJob, pod_list: list[dict]) -> int:
+    """status.rolloutReplicas of a colocated job: the servers of its ready trainer pods (a pod
+    is ready once its servers are: the supervisor starts torchrun only then)."""
+    def ready(pod: dict) -> bool:
+        return any(c.get("type") == "Ready" and c.get("status") == "True"
+                   for c in (pod.get("status") or {}).get("conditions") or [])
+    trainers = [p for p in pod_list if (p["metadata"].get("labels") or {}).get(names.ROLE_LABEL) == names.TRAINER]
+    return job.spec.servers_per_node * sum(map(ready, trainers))
 
 
 def _server_names(job: GRPOJob) -> list[str]:

@@ -38,6 +38,10 @@ class OperatorSettings:
     """Image of the trainer pods (Dockerfile.trainer); a job may override it in its template."""
     rollout_image: str = "ghcr.io/grpo-operator/rollout:0.1.0"
     """Image of the rollout pods (Dockerfile.rollout, pinned vLLM)."""
+    colocated_image: str = ""
+    """Image of the trainer pods of a job with rollout.placement colocated: they run `grpo rollout`
+    beside the trainer, so it needs the trainer's and the rollout's packages (and vLLM for engine
+    vllm). Empty: the rollout image, which carries the trainer's extra too (Dockerfile.rollout)."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     """Pull policy of both images."""
     image_pull_secrets: tuple[str, ...] = ()
@@ -160,7 +164,7 @@ class OperatorSettings:
 
 
 JOB_DEFAULTS = (
-    "trainer_image", "rollout_image", "image_pull_policy", "image_pull_secrets", "trainer_resources",
+    "trainer_image", "rollout_image", "colocated_image", "image_pull_policy", "image_pull_secrets", "trainer_resources",
     "rollout_resources", "gpu_resource", "shm_size", "run_as_user", "trainer_termination_grace_seconds",
     "rollout_termination_grace_seconds", "gang_scheduler_name")
 """The settings that shape a job's pods (the chart's `jobDefaults`: images, resources, security,

@@ -45,15 +45,15 @@ class Trajectory:
     tools_kwargs: dict
     response_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
+    logprobs: list[float] | None = field(default_factory=list)   # None: the engine was asked for none
     assistant_turns: int = 0
     user_turns: int = 0
     calls: list[dict] = field(default_factory=list)
     finish_reason: str | None = None
 
-    def append(self, ids: list[int], logprobs: list[float], mask: int) -> None:
+    def append(self, ids: list[int], logprobs: list[float] | None, mask: int) -> None:
         self.response_ids += ids
-        self.logprobs += logprobs
+        self.logprobs = None if logprobs is None or self.logprobs is None else self.logprobs + logprobs
         self.response_mask += [mask] * len(ids)
 
     def create_kwargs(self, tool: str) -> dict:
@@ -138,7 +138,7 @@ class ToolAgentLoop:
             outputs = self.engine.generate([t.prompt_ids + t.response_ids for t in group], turn_params)
             for t, [s] in zip(group, outputs):
                 room = self.max_length - len(t.response_ids)
-                t.append(s.token_ids[:room], s.logprobs[:room], 1)
+                t.append(s.token_ids[:room], None if s.logprobs is None else s.logprobs[:room], 1)
                 t.assistant_turns += 1
                 if s.finish_reason == "length" or len(s.token_ids) >= room:
                     t.finish_reason = "length"
@@ -197,7 +197,8 @@ class CustomAgentLoop:
     (1 sampled by the model, 0 the environment's tokens, which the trainer masks out of every
     loss), optionally `prompt_ids` (the prompt the engine was given, if not the shard's) and
     `agent` (any JSON-able facts, kept in the records; `num_turns` and `tool_calls` are read,
-    default 1 and none)."""
+    default 1 and none). A response longer than data.maxResponseLength is cut to it (finish_reason
+    "length"), as verl's agent loops cut theirs to response_length, and the server logs it."""
 
     def __init__(self, ref: str, spec, engine: Engine):
         from grpo_rollout.loading import load_attribute
@@ -206,9 +207,13 @@ class CustomAgentLoop:
             raise ValueError(f"spec.rollout.agentLoop {ref!r}: {cls!r} is not a class")
         self.ref = ref
         self.loop = cls(spec, engine, engine.tokenizer)
+        self.max_length = spec.data.max_response_length
+        self.truncated = 0       # responses cut to max_length so far
 
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[list[Sample]]:
-        groups = self.loop.generate(prompts, params)
+        # Always with logprobs, even for an on-policy step that asked for none: the contract gives
+        # the user's code lists (it may add its own tokens' to them).
+        groups = self.loop.generate(prompts, replace(params, logprobs=True))
         where = f"spec.rollout.agentLoop {self.ref!r}"
         if not isinstance(groups, list) or len(groups) != len(prompts):
             raise ValueError(f"{where}: generate returned {type(groups).__name__} of "
@@ -217,15 +222,30 @@ class CustomAgentLoop:
             if len(group) != params.n or not all(isinstance(s, Sample) for s in group):
                 raise ValueError(f"{where}: prompt {p.uid} got {len(group)} results, not {params.n} Samples")
             for s in group:
-                if not (len(s.token_ids) == len(s.logprobs) and
+                if not ((s.logprobs is None or len(s.token_ids) == len(s.logprobs)) and
                         (s.response_mask is None or len(s.response_mask) == len(s.token_ids))):
                     raise ValueError(f"{where}: prompt {p.uid}: token_ids, logprobs and response_mask "
-                                     f"differ in length ({len(s.token_ids)}, {len(s.logprobs)}, "
+                                     f"differ in length ({len(s.token_ids)}, "
+                                     f"{None if s.logprobs is None else len(s.logprobs)}, "
                                      f"{None if s.response_mask is None else len(s.response_mask)})")
                 if s.agent is not None:       # what the records and the trainer's metrics read
                     s.agent.setdefault("num_turns", 1)
                     s.agent.setdefault("tool_calls", [])
+                if len(s.token_ids) > self.max_length:
+                    self._truncate(s, where)
         return groups
+
+    def _truncate(self, s: Sample, where: str) -> None:
+        if not self.truncated:
+            log.warning("%s returned a response of %d tokens, more than data.maxResponseLength %d: cut to it "
+                        "(finish_reason length), as verl's agent loops do; later ones are cut silently", where,
+                        len(s.token_ids), self.max_length)
+        self.truncated += 1
+        n = self.max_length
+        s.token_ids, s.finish_reason = s.token_ids[:n], "length"
+        s.logprobs = None if s.logprobs is None else s.logprobs[:n]
+        if s.response_mask is not None:
+            s.response_mask = s.response_mask[:n]
 
 
 def build_agent_loop(spec, engine: Engine, sandbox=None) -> ToolAgentLoop | CustomAgentLoop | None:
@@ -239,11 +259,8 @@ def build_agent_loop(spec, engine: Engine, sandbox=None) -> ToolAgentLoop | Cust
     mt = spec.rollout.multi_turn
     if not mt.enable:
         return None
-    # A thread per call in flight: enough to keep every sandbox server's slots busy.
-    workers = max(16, (mt.python.replicas or 1) * mt.python.concurrency) if sandbox else 16
     runner = ToolRunner(load_tools(mt, sandbox), timeout_seconds=mt.tool_timeout_seconds,
-                        max_response_length=mt.max_tool_response_length, truncate_side=mt.tool_response_truncate_side,
-                        workers=workers)
+                        max_response_length=mt.max_tool_response_length, truncate_side=mt.tool_response_truncate_side)
     where = f"sandbox servers {', '.join(sandbox.addresses)}" if sandbox else "child processes of this server"
     log.info("agent loop: tools %s, maxParallelCalls %d%s", sorted(runner.tools), mt.max_parallel_calls,
              f"; python runs on {where}" if "python" in runner.tools else "")

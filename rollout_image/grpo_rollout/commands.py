@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+from grpo_api.contracts import BAD_INPUT_EXIT_CODE
+
 
 def rollout(argv: list[str]) -> int:
     """Run a rollout server: generation and rewards for a job's trainer (`grpo run` and the operator do)."""
@@ -46,8 +48,12 @@ def model(argv: list[str]) -> int:
                                       "word-level tokenizer (the quickstart's vocabulary), loadable "
                                       "offline with AutoModelForCausalLM/AutoTokenizer.from_pretrained.")
     tiny.add_argument("--out", required=True, help="output directory")
-    tiny.add_argument("--arch", default="qwen3", choices=["qwen3", "qwen3-rm"],
-                      help="architecture (default: qwen3); qwen3-rm: a one-label sequence classifier (a reward model)")
+    tiny.add_argument("--arch", default="qwen3", choices=["qwen3", "qwen3-rm", "qwen3-tools", "qwen2.5-vl",
+                                                          "qwen3-vl"],
+                      help="architecture (default: qwen3); qwen3-rm: a one-label sequence classifier (a reward "
+                           "model); qwen3-tools: qwen3 whose vocabulary holds the lookup task's tool call; "
+                           "qwen2.5-vl, qwen3-vl: a Qwen2.5-VL or Qwen3-VL with its image processor (the colours "
+                           "task's vocabulary)")
     tiny.add_argument("--seed", type=int, default=0, help="weight init seed (default: 0)")
     args = parser.parse_args(argv)
     if args.action == "fetch":
@@ -56,6 +62,12 @@ def model(argv: list[str]) -> int:
     from grpo_rollout.tiny import build_tiny_model, build_tiny_reward_model  # imports torch when called
     if args.arch == "qwen3-rm":
         out = build_tiny_reward_model(args.out, seed=args.seed)
+    elif args.arch in ("qwen2.5-vl", "qwen3-vl"):
+        from grpo_rollout.tiny_vl import build_tiny_vl_model
+        out = build_tiny_vl_model(args.out, seed=args.seed, arch=args.arch)
+    elif args.arch == "qwen3-tools":
+        from grpo_rollout.tool_task import build_model
+        out = build_model(args.out, seed=args.seed)
     else:
         out = build_tiny_model(args.out, arch=args.arch, seed=args.seed)
     print(f"wrote a tiny {args.arch} model (seed {args.seed}) to {out}")
@@ -74,7 +86,7 @@ def _fetch(spec_path: str, cache: str | None) -> int:
         model_cache.fetch_model(spec.model, spec.storage, root)
     except JobError as exc:
         print(exc, file=sys.stderr)
-        return 2
+        return BAD_INPUT_EXIT_CODE
     except (OSError, ValueError) as exc:      # unreachable storage, no such model, a full volume
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -1,6 +1,8 @@
 """`grpo data`: dataset preparation in verl's parquet layout.
 
   grpo data quickstart --out DIR                  the embedded default's task (train.parquet, test.parquet)
+  grpo data colours --out DIR                     the tiny VL model's image task (tiny_vl.py), verl's `images` layout
+  grpo data lookup --out DIR                      the multi-turn lookup task (tool_task.py), for builtin://tiny-qwen3-tools
   grpo data gsm8k --input RAW --output DIR        raw GSM8K -> DIR/train.parquet, DIR/test.parquet,
                                                   as verl's examples/data_preprocess/gsm8k.py writes them
 """
@@ -18,6 +20,12 @@ def data(argv: list[str]) -> int:
     quick = sub.add_parser("quickstart", help="the quickstart's task: train.parquet and test.parquet")
     quick.add_argument("--out", required=True, help="output folder")
     quick.add_argument("--seed", type=int, default=0)
+    lookup = sub.add_parser("lookup", help="the multi-turn lookup task (its `lookup` tool knows the digit)")
+    lookup.add_argument("--out", required=True, help="output folder")
+    lookup.add_argument("--seed", type=int, default=0)
+    colours = sub.add_parser("colours", help="an image task: name the colour of a PNG (for --arch qwen2.5-vl, qwen3-vl)")
+    colours.add_argument("--out", required=True, help="output folder")
+    colours.add_argument("--seed", type=int, default=0)
     gsm8k = sub.add_parser(
         "gsm8k", help="raw GSM8K (question, answer) into verl's layout, as verl's gsm8k.py preprocessing",
         description="Convert raw GSM8K parquet (the Hugging Face openai/gsm8k files: question, answer) into "
@@ -31,6 +39,14 @@ def data(argv: list[str]) -> int:
     if args.dataset == "quickstart":
         from grpo_rollout.quickstart_data import write_quickstart_dataset
         write_quickstart_dataset(args.out, seed=args.seed)
+        print(f"Wrote {args.out}/train.parquet and {args.out}/test.parquet")
+    elif args.dataset == "colours":
+        from grpo_rollout.tiny_vl import write_colour_dataset
+        write_colour_dataset(args.out, seed=args.seed)
+        print(f"Wrote {args.out}/train.parquet and {args.out}/test.parquet")
+    elif args.dataset == "lookup":
+        from grpo_rollout.tool_task import write_dataset
+        write_dataset(args.out, seed=args.seed)
         print(f"Wrote {args.out}/train.parquet and {args.out}/test.parquet")
     elif args.dataset == "gsm8k":
         from grpo_rollout.gsm8k_data import GSM8KDataError, write_gsm8k

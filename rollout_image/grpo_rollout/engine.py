@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 FinishReason = Literal["stop", "length"]
 
 
+SLEEP_PARTS = ("weights", "kv_cache")
+"""What a sleeping engine frees and a wake-up takes back, by vLLM's memory tags."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     n: int = 1
@@ -37,6 +41,9 @@ class SamplingParams:
     """Same seed, same prompts, same weights: same samples."""
     stop: tuple[str, ...] = ()
     """Stop strings: generation ends (finish_reason "stop") once the decoded response contains one."""
+    logprobs: bool = True
+    """Report each sampled token's behaviour logprob; False: `Sample.logprobs` is None (nothing will
+    read them, and vLLM's per-token logprobs cost ~14 % of a generation)."""
 
     def __post_init__(self):
         if self.n < 1:
@@ -59,8 +66,9 @@ class SamplingParams:
 class Sample:
     token_ids: list[int]
     """Response tokens, including the EOS token when generation stopped on it."""
-    logprobs: list[float]
-    """One behaviour logprob per response token (see the module docstring)."""
+    logprobs: list[float] | None
+    """One behaviour logprob per response token (see the module docstring); None when
+    `SamplingParams.logprobs` is False."""
     finish_reason: FinishReason
     """"stop": EOS or a stop string; "length": max_tokens reached."""
     response_mask: list[int] | None = None
@@ -99,6 +107,10 @@ class Engine(ABC):
     policy_version: int = 0
     """Version of the weights it holds; -1 while an update is half-applied. The weight receiver
     sets it; the engine only stores it."""
+
+    accepts_images: bool = False
+    """`generate` takes `images=` (a vision-language model's, per prompt, as encoded bytes): the hf
+    engine with a VL model (issue 45)."""
 
     accepts_lora_adapters: bool = False
     """It applies LoRA adapters itself (`load_lora_adapters`), so a LoRA policy's trainer sends
@@ -142,6 +154,16 @@ class Engine(ABC):
     @abstractmethod
     def device(self) -> "torch.device":
         """Where received weight buffers should live (gloo needs cpu, nccl the engine's GPU)."""
+
+    def sleep(self, level: int) -> bool:
+        """Free the GPU memory generation holds, for the trainer that shares the GPU
+        (rollout.placement colocated): level 1 the KV cache, level 2 the weights too. Returns
+        whether the weights are gone (a full weight sync must then precede generating)."""
+        return False
+
+    def wake_up(self, parts: list[str]) -> None:
+        """Take back the `parts` of what `sleep` freed (SLEEP_PARTS: "weights", "kv_cache"; dropped
+        weights come back as garbage, until a sync)."""
 
     def close(self) -> None:
         """Release the model (GPU memory, engine processes)."""

@@ -19,6 +19,7 @@ and run eagerly: their sliding layers need masks this engine doesn't build.
 from __future__ import annotations
 
 import inspect
+import io
 import logging
 from collections.abc import Iterable
 from pathlib import Path
@@ -56,16 +57,19 @@ def filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return scaled
 
 
-def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next tokens and their behaviour logprobs for float32 `logits` [batch, vocab]."""
+def sample_next(logits: torch.Tensor, params: SamplingParams,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Next tokens and their behaviour logprobs (None unless `params.logprobs`) for float32
+    `logits` [batch, vocab]. The tokens drawn are the same either way."""
     if params.greedy:
-        tokens = logits.argmax(dim=-1)
-        return tokens, logits.log_softmax(dim=-1).gather(-1, tokens[:, None])[:, 0]
-    scaled = logits / params.temperature
-    logprobs = scaled.log_softmax(dim=-1)
-    probs = filter_logits(scaled, params.top_k, params.top_p).softmax(dim=-1)
-    tokens = torch.multinomial(probs, 1, generator=generator)[:, 0]
-    return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
+        tokens, scaled = logits.argmax(dim=-1), logits
+    else:
+        scaled = logits / params.temperature
+        probs = filter_logits(scaled, params.top_k, params.top_p).softmax(dim=-1)
+        tokens = torch.multinomial(probs, 1, generator=generator)[:, 0]
+    if not params.logprobs:
+        return tokens, None
+    return tokens, scaled.log_softmax(dim=-1).gather(-1, tokens[:, None])[:, 0]
 
 
 ATTENTION = "grpo_decode_sdpa"
@@ -98,6 +102,12 @@ def _register_attention() -> None:
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     AttentionInterface.register(ATTENTION, _decode_attention)
     AttentionMaskInterface.register(ATTENTION, sdpa_mask)   # masks from 2-D ones: as sdpa's
+
+
+def _auto_class(config):
+    """transformers' Auto class of the generating model: a VL config's is the image-text-to-text one."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    return AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
 
 
 def _full_attention_only(config) -> bool:
@@ -183,7 +193,7 @@ class HFEngine(Engine):
                  trust_remote_code: bool = False):
         """max_batch_sequences: sequences decoded together; default 64 on CPU, 256 on a GPU (a
         decode step costs about the same for 64 or 256 sequences there: it is launch-bound)."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         self._model_path = str(model_path)
         self._dtype, self._trust_remote_code = getattr(torch, dtype), trust_remote_code
@@ -193,9 +203,21 @@ class HFEngine(Engine):
             self._device = torch.device("cuda", torch.cuda.current_device())
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path or model_path), trust_remote_code=trust_remote_code)
         _register_attention()
-        self.model = AutoModelForCausalLM.from_pretrained(
+        config = AutoConfig.from_pretrained(str(model_path), trust_remote_code=trust_remote_code)
+        self.model = _auto_class(config).from_pretrained(
             str(model_path), dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code,
             attn_implementation=ATTENTION).to(self._device).eval()
+        # A vision-language model (Qwen2.5-VL): generate takes the prompts' images (module docstring).
+        self._images = self._unsampled = None
+        if getattr(config, "vision_config", None) is not None:
+            from transformers import AutoImageProcessor
+            self._images = AutoImageProcessor.from_pretrained(str(tokenizer_path or model_path))
+            self.accepts_images = True
+            # Its image/video placeholders are never sampled: a response holding one would not
+            # match the trainer's images (transformers counts every placeholder of the row). A
+            # trained model gives them ~0 probability; the tiny random one does not.
+            self._unsampled = torch.tensor(sorted({getattr(config, k) for k in ("image_token_id", "video_token_id")
+                                                   if getattr(config, k, None) is not None}), device=self._device)
         self._static_cache = _full_attention_only(self.model.config)
         self._cuda_graphs = self._static_cache and self._device.type == "cuda"
         self._eos = _eos_ids(self.model, self.tokenizer)
@@ -217,6 +239,15 @@ class HFEngine(Engine):
     def device(self) -> torch.device:
         return self._device
 
+    def sleep(self, level: int) -> bool:
+        """The hf engine keeps no KV cache between calls (each generate builds its own): on a GPU
+        what the last generation left in torch's caching allocator goes back to the device for
+        the trainer; the weights stay at either level (the dev engine: nothing to re-sync). On
+        CPU a no-op."""
+        if self._device.type == "cuda":
+            torch.cuda.empty_cache()
+        return False
+
     def info(self) -> EngineInfo:
         return EngineInfo(engine="hf", model=self._model_path, device=str(self._device),
                           num_parameters=sum(p.numel() for p in self.model.parameters()),
@@ -226,20 +257,45 @@ class HFEngine(Engine):
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     @torch.inference_mode()
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[Sample]]:
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams,
+                 images: list[list[bytes]] | None = None) -> list[list[Sample]]:
+        """`images`: a VL model's, per prompt, as encoded bytes (PNG, JPEG ...), one for each
+        image-token run of its prompt ids, in order."""
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("every prompt needs at least one token")
+        if images is not None and self._images is None:
+            raise ValueError(f"{self._model_path} is not a vision-language model: it takes no images")
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seeds))
         # Sampling runs where the logits are (one [batch, vocab] copy to the host per token cost
         # more than the forward on a GPU); on CPU this is the same generator as ever.
         generator = torch.Generator(device=self._device).manual_seed(seed)
         rows = [p for p in prompt_ids for _ in range(params.n)]
+        row_images = [i for i in images for _ in range(params.n)] if images is not None else None
         samples: list[Sample] = []
         for start in range(0, len(rows), self._max_batch):
-            samples.extend(self._generate_batch(rows[start:start + self._max_batch], params, generator))
+            window = slice(start, start + self._max_batch)
+            samples.extend(self._generate_batch(rows[window], params, generator,
+                                                row_images[window] if row_images is not None else None))
         return [samples[i * params.n:(i + 1) * params.n] for i in range(len(prompt_ids))]
 
-    def _generate_batch(self, rows: list[list[int]], params: SamplingParams, generator: torch.Generator) -> list[Sample]:
+    def _vision_prefill(self, ids: torch.Tensor, mask: torch.Tensor, images: list[list[bytes]]) -> tuple[dict, torch.Tensor]:
+        """A VL prefill's extra inputs (pixel values, grids, Qwen's mrope positions [3, b, L] over
+        the left-padded rows) and each row's last text position, from which decoding counts on:
+        text positions run on from the image's (rope deltas), the same in all three dims."""
+        from PIL import Image
+        flat = [Image.open(io.BytesIO(b)).convert("RGB") for row in images for b in row]
+        inputs = self._images(images=flat, return_tensors="pt") if flat else None
+        grid = inputs["image_grid_thw"].to(self._device) if flat else None
+        types = (ids == self.model.config.image_token_id).int()
+        positions, _ = self.model.model.get_rope_index(ids, mm_token_type_ids=types, image_grid_thw=grid,
+                                                       attention_mask=mask.long())
+        extra = {"position_ids": positions}
+        if flat:
+            extra |= {"pixel_values": inputs["pixel_values"].to(self._device, self.model.dtype), "image_grid_thw": grid}
+        return extra, positions[0, :, -1:]
+
+    def _generate_batch(self, rows: list[list[int]], params: SamplingParams, generator: torch.Generator,
+                        images: list[list[bytes]] | None = None) -> list[Sample]:
         from transformers import DynamicCache
         b, width, max_tokens = len(rows), max(len(r) for r in rows), params.max_tokens
         dev, static = self._device, self._static_cache
@@ -261,13 +317,19 @@ class HFEngine(Engine):
         else:
             cache = DynamicCache(config=self.model.config)
             prefill = {"attention_mask": real.long()}
-        logits = self.model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1,
-                            **prefill, **{self._cache_kwarg: cache}).logits
-        positions = positions[:, -1:]
+        if images is not None:
+            vision, last = self._vision_prefill(ids, real[:, :width], images)
+            logits = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **vision, **prefill,
+                                **{self._cache_kwarg: cache}).logits
+            positions = last
+        else:
+            logits = self.model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1,
+                                **prefill, **{self._cache_kwarg: cache}).logits
+            positions = positions[:, -1:]
         decode = None     # made at the first decode step: a response of one token needs none
         eos = torch.tensor(sorted(self._eos), dtype=torch.long, device=self._device)
         token_buf = torch.empty(b, max_tokens, dtype=torch.long, device=self._device)
-        logprob_buf = torch.empty(b, max_tokens, dtype=torch.float32, device=self._device)
+        logprob_buf = torch.empty(b, max_tokens, dtype=torch.float32, device=self._device) if params.logprobs else None
         # A row is done at its first EOS (or stop string); its length then stays put. Rows that
         # are done keep being decoded with the others, their tokens are dropped.
         done = torch.zeros(b, dtype=torch.bool, device=self._device)
@@ -275,8 +337,13 @@ class HFEngine(Engine):
         texts: list[list[int]] | None = [[] for _ in rows] if params.stop else None
         steps = 0
         for t in range(max_tokens):
-            tokens, logprobs = sample_next(logits[:, -1, :].float(), params, generator)
-            token_buf[:, t], logprob_buf[:, t] = tokens, logprobs
+            last = logits[:, -1, :].float()
+            if self._unsampled is not None:
+                last = last.index_fill(-1, self._unsampled, float("-inf"))
+            tokens, logprobs = sample_next(last, params, generator)
+            token_buf[:, t] = tokens
+            if logprob_buf is not None:
+                logprob_buf[:, t] = logprobs
             steps = t + 1
             hit = ~done & torch.isin(tokens, eos)
             if texts is not None:   # stop strings: decoded on the host, row by row
@@ -298,8 +365,8 @@ class HFEngine(Engine):
             decode = decode or self._decoder(cache, real, width)
             logits = decode(tokens, positions, real, width + t)
         token_rows = token_buf[:, :steps].tolist()
-        logprob_rows = logprob_buf[:, :steps].tolist()
-        return [Sample(toks[:n], lps[:n], "stop" if stopped else "length")
+        logprob_rows = logprob_buf[:, :steps].tolist() if logprob_buf is not None else [None] * b
+        return [Sample(toks[:n], None if lps is None else lps[:n], "stop" if stopped else "length")
                 for toks, lps, n, stopped in zip(token_rows, logprob_rows, lengths.tolist(), done.tolist())]
 
     def _decoder(self, cache, real: torch.Tensor, width: int):
@@ -362,11 +429,12 @@ class HFEngine(Engine):
         weights (`grpo rollout --no-lora-adapters` takes merged weights instead, without it)."""
         missing = [n for n in names if n not in self._base]
         if missing:
-            from transformers import AutoModelForCausalLM
+            from transformers import AutoConfig
             log.info("hf engine: reading the base weights of %d tensors for LoRA adapters from %s", len(missing),
                      self._model_path)
-            loaded = AutoModelForCausalLM.from_pretrained(self._model_path, dtype=self._dtype,
-                                                          trust_remote_code=self._trust_remote_code).state_dict()
+            config = AutoConfig.from_pretrained(self._model_path, trust_remote_code=self._trust_remote_code)
+            loaded = _auto_class(config).from_pretrained(self._model_path, dtype=self._dtype,
+                                                         trust_remote_code=self._trust_remote_code).state_dict()
             for n in missing:
                 self._base[n] = loaded[n].to(self._device)
             del loaded

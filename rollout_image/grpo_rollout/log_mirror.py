@@ -2,8 +2,8 @@
 the operator).
 
 A finished job scales its rollout Deployment to zero (its pods hold GPUs), and their logs go
-with them; a Job's trainer pods stay, so the trainer needs none of this. (The reward model pods
-have no storage credentials, by design: their logs are not kept.) The
+with them; a Job's trainer pods stay, so the trainer needs none of this. (The reward and sandbox
+pods have no storage credentials, by design: the operator keeps their logs, grpo_operator.server_logs.) The
 mirror takes the process's stdout and stderr at the file-descriptor level, so it has what
 Python, C extensions (vLLM, NCCL) and child processes that inherit them (the reward workers)
 write, and passes every byte on to the pod's own stdout and stderr: `kubectl logs` is unchanged. The copy
@@ -18,9 +18,8 @@ import os
 import sys
 import threading
 
+from grpo_api.contracts import LOG_URI_ENV
 from grpo_api.storage import Storage
-
-LOG_URI_ENV = "GRPO_LOG_URI"
 
 
 class LogMirror:

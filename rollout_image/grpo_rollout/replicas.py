@@ -21,6 +21,10 @@ from grpo_api.rpc import ClientAuth, rollout_channel
 
 log = logging.getLogger(__name__)
 
+WARN_EVERY_SECONDS = 60.0
+"""At most one warning per address this often: a Service with no ready pod fails every attempt,
+once a `retry_pause` (the metric behind `on_error` still counts each)."""
+
 
 class ReplicasUnavailable(RuntimeError):
     """No replica answered within the call's budget; `errors` has the last ones, one per address."""
@@ -32,13 +36,17 @@ class ReplicasUnavailable(RuntimeError):
 
 class Replicas:
     def __init__(self, what: str, addresses: list[str], auth: ClientAuth | str, stub: Callable[[grpc.Channel], object],
-                 *, retry_pause: float = 1.0, on_error: Callable[[str], None] | None = None):
+                 *, retry_pause: float = 1.0, on_error: Callable[[str], None] | None = None,
+                 warn_every: float = WARN_EVERY_SECONDS, clock: Callable[[], float] = time.monotonic):
         if not addresses:
             raise ValueError(f"{what}: no server address")
         self.what, self.addresses, self._auth, self._make_stub = what, list(addresses), auth, stub
         self._pause, self._on_error = retry_pause, on_error
         self._channels: dict[str, grpc.Channel] = {}
         self._next = itertools.count()
+        self._warn_every, self._clock = warn_every, clock
+        self._warned: dict[str, float] = {}         # address -> when it was last warned about
+        self._quiet: dict[str, int] = {}            # address -> failures not warned about since
 
     def _stub(self, address: str):
         if address not in self._channels:
@@ -62,8 +70,7 @@ class Replicas:
                 return getattr(self._stub(address), method)(request, timeout=timeout), address
             except grpc.RpcError as exc:
                 errors.append(f"{address}: {exc.code().name} {exc.details()}")
-                log.warning("%s on %s failed (%s): %s; trying the next replica", self.what, address,
-                            exc.code().name, exc.details())
+                self._warn(address, exc)
                 if self._on_error:
                     self._on_error(exc.code().name)
                 self._forget(address)
@@ -72,6 +79,17 @@ class Replicas:
             if (attempt + 1) % len(self.addresses) == 0:      # a whole round failed: let one come back
                 time.sleep(min(self._pause, max(0.0, deadline - time.monotonic())))
         raise AssertionError("unreachable")
+
+    def _warn(self, address: str, exc: grpc.RpcError) -> None:
+        now = self._clock()
+        if now - self._warned.get(address, float("-inf")) < self._warn_every:
+            self._quiet[address] = self._quiet.get(address, 0) + 1
+            return
+        self._warned[address] = now
+        quiet = self._quiet.pop(address, 0)
+        since = f" ({quiet} more failures since the last warning)" if quiet else ""
+        log.warning("%s on %s failed (%s): %s; trying the next replica%s; next warning about it in %.0f s at the "
+                    "earliest", self.what, address, exc.code().name, exc.details(), since, self._warn_every)
 
     def close(self) -> None:
         for address in list(self._channels):

@@ -14,29 +14,16 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from grpo_api.contracts import REWARD_ADDRESSES_ENV
 from grpo_api.proto import reward_pb2 as pb
 from grpo_api.proto import reward_pb2_grpc as pb_grpc
 from grpo_api.rpc import ClientAuth
 from grpo_api.spec import RewardModelSpec
 from grpo_rollout.replicas import Replicas, ReplicasUnavailable
 
-ADDRESSES_ENV = "GRPO_REWARD_ADDRESSES"
-"""`name=host:port,host:port;name2=...`: where each reward model's servers listen."""
-
 
 class RewardModelUnavailable(RuntimeError):
     """No replica of a reward model scored the batch: the Generate call fails (UNAVAILABLE)."""
-
-
-def parse_addresses(text: str) -> dict[str, list[str]]:
-    """`name=a,b;other=c` -> {name: [a, b], other: [c]}."""
-    out: dict[str, list[str]] = {}
-    for part in filter(None, (p.strip() for p in text.split(";"))):
-        name, sep, addrs = part.partition("=")
-        if not sep or not name.strip() or not addrs.strip():
-            raise ValueError(f"reward model addresses {part!r}: expected name=host:port[,host:port...]")
-        out.setdefault(name.strip(), []).extend(a.strip() for a in addrs.split(",") if a.strip())
-    return out
 
 
 @dataclass(frozen=True)
@@ -93,7 +80,7 @@ class RewardModels:
         missing = [m.name for m in specs if not addresses.get(m.name)]
         if missing:
             raise ValueError(f"spec.reward.rewardModels: no server address for {', '.join(missing)} (pass "
-                             f"--reward-model NAME=HOST:PORT or set {ADDRESSES_ENV})")
+                             f"--reward-model NAME=HOST:PORT or set {REWARD_ADDRESSES_ENV})")
         unknown = sorted(set(addresses) - {m.name for m in specs})
         if unknown:
             raise ValueError(f"reward model addresses for {', '.join(unknown)}: not in spec.reward.rewardModels")

@@ -2,9 +2,9 @@
 
 The rollout servers call Score after generation (grpo_rollout.reward_client). Token auth and TLS
 are the rollout servers' (grpo_api.rpc): the same token, the same job certificate. The servicer
-only translates protobuf to and from grpo_rollout.reward_models. Start-up and shutdown follow
-`grpo rollout`: metrics and /ready first (503 while loading), then the model, then gRPC, and one
-line on stdout when it listens,
+only translates protobuf to and from grpo_rollout.reward_models. Start-up and shutdown are the
+launcher's (grpo_rollout.grpc_launcher): metrics and /ready first (503 while loading), then the
+model, then gRPC, and one line on stdout when it listens,
 
     GRPO_REWARD_READY {"port": 50061, "metrics_port": 9401, "model": "skywork", "pid": 123, "tls": true}
 
@@ -14,14 +14,9 @@ SIGTERM/SIGINT: stop accepting calls, let running ones finish for `--grace` seco
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
-import signal
-import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 READY_PREFIX = "GRPO_REWARD_READY "
 
@@ -100,81 +95,44 @@ class RewardServerMetrics:
 
 def start_server(servicer: RewardServicer, token: str, *, host: str = "[::]", port: int = 0, tls=None,
                  max_workers: int = 8):
-    import grpc
-
     from grpo_api.proto import reward_pb2_grpc as pb_grpc
-    from grpo_api.rpc import TLS_CERT_ENV, TLS_KEY_ENV, TokenAuthInterceptor, listen, server_options
-    server = grpc.server(ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
-                         interceptors=[TokenAuthInterceptor(token)], options=server_options())
-    pb_grpc.add_RewardServicer_to_server(servicer, server)
-    if tls is None:
-        log.warning("serving without TLS (%s and %s are not set)", TLS_CERT_ENV, TLS_KEY_ENV)
-    return server, listen(server, host, port, tls)
+    from grpo_rollout.grpc_launcher import serve_grpc
+    return serve_grpc(pb_grpc.add_RewardServicer_to_server, servicer, token, host=host, port=port, tls=tls,
+                      max_workers=max_workers, log=log)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="grpo reward", description="Serve one reward model of a GRPOJob "
-                                "(spec.reward.rewardModels[]) to its rollout servers.")
-    p.add_argument("--spec", required=True, help="the GRPOJob YAML")
+    from grpo_rollout.grpc_launcher import server_parser
+    p = server_parser("grpo reward", "Serve one reward model of a GRPOJob (spec.reward.rewardModels[]) to its "
+                      "rollout servers.", port=50061)
     p.add_argument("--model", required=True, help="the reward model's name (spec.reward.rewardModels[].name)")
-    p.add_argument("--port", type=int, default=50061, help="gRPC port; 0 picks a free one (default 50061)")
-    p.add_argument("--host", default="[::]", help="gRPC listen address (default all interfaces)")
-    p.add_argument("--metrics-port", type=int, default=0, help="HTTP /metrics and /ready; 0 picks one, -1 disables")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default auto)")
-    p.add_argument("--grace", type=float, default=5.0, help="seconds running calls get to finish on SIGTERM")
     return p
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from grpo_api.jobfile import JobError, load_job
-    from grpo_api.rpc import TLSError, TokenError, read_token, server_tls
-    try:
-        job = load_job(args.spec)
-        token, tls = read_token(), server_tls()
-    except (JobError, TokenError, TLSError) as exc:
-        print(f"grpo reward: {exc}", file=sys.stderr)
-        return 2
-    models = {m.name: m for m in job.spec.reward.reward_models}
-    index = {m.name: i for i, m in enumerate(job.spec.reward.reward_models)}
-    if args.model not in models:
-        print(f"grpo reward: --model {args.model}: not in spec.reward.rewardModels (known: "
-              f"{', '.join(models) or 'none'})", file=sys.stderr)
-        return 2
-    spec = models[args.model]
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    from grpo_rollout.grpc_launcher import run_server
+    return run_server("grpo reward", _parser().parse_args(argv), READY_PREFIX, _start, log)
 
-    from grpo_rollout.metrics import serve_http
+
+def _start(launch):
+    from grpo_api.storage import check_local_model_path
+    from grpo_rollout.grpc_launcher import Serving
+    from grpo_rollout.reward_models import build_scorer
+    from grpo_rollout.serve import _device
+    job, args = launch.job, launch.args
+    models = job.spec.reward.reward_models
+    index = {m.name: i for i, m in enumerate(models)}
+    if args.model not in index:
+        raise ValueError(f"--model {args.model}: not in spec.reward.rewardModels (known: "
+                         f"{', '.join(index) or 'none'})")
+    spec = models[index[args.model]]
     metrics = RewardServerMetrics(job.metadata.name, job.metadata.namespace, spec.name)
-    loaded = threading.Event()
-    http = serve_http(metrics.registry, args.metrics_port, ready=loaded.is_set) if args.metrics_port >= 0 else None
-    scorer = server = None
-    try:
-        try:
-            from grpo_api.storage import check_local_model_path
-            from grpo_rollout.reward_models import build_scorer
-            from grpo_rollout.serve import _device
-            check_local_model_path(spec.path, f"spec.reward.rewardModels[{index[spec.name]}].path")
-            scorer = build_scorer(spec, device=_device(args.device))
-            server, port = start_server(RewardServicer(spec.name, scorer, metrics), token, host=args.host,
-                                        port=args.port, tls=tls)
-        except (OSError, ValueError) as exc:
-            print(f"grpo reward: {exc}", file=sys.stderr)
-            return 2
-        loaded.set()
-        info = {"port": port, "metrics_port": http.server_address[1] if http else None, "model": spec.name,
-                "pid": os.getpid(), "tls": tls is not None}
-        print(READY_PREFIX + json.dumps(info), flush=True)
-        log.info("reward server %s (%s) listening on port %d", spec.name, spec.kind, port)
-        stop.wait()
-    finally:
-        if server is not None:
-            server.stop(grace=args.grace).wait()
-        if scorer is not None:
-            scorer.close()
-        if http is not None:
-            http.shutdown()
-    return 0
+    launch.serve_metrics(metrics.registry)
+    check_local_model_path(spec.path, f"spec.reward.rewardModels[{index[spec.name]}].path")
+    scorer = build_scorer(spec, device=_device(args.device))
+    launch.on_close(scorer.close)
+    server, port = start_server(RewardServicer(spec.name, scorer, metrics), launch.token, host=args.host,
+                                port=args.port, tls=launch.tls)
+    return Serving(server, port, f"reward server {spec.name} ({spec.kind}) listening on port {port}",
+                   ready={"model": spec.name})

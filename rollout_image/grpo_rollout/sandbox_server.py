@@ -9,8 +9,8 @@ folder, rlimits), under the limits of this server's spec, which a caller can't c
 `concurrency` at once, a call that finds every slot busy for its whole deadline answers
 RESOURCE_EXHAUSTED and the caller tries another replica.
 
-Token auth and TLS are the rollout servers' (grpo_api.rpc). Start-up: metrics and /ready, then
-gRPC, and one line on stdout when it listens,
+Token auth and TLS are the rollout servers' (grpo_api.rpc). Start-up (grpo_rollout.grpc_launcher):
+metrics and /ready, then gRPC, and one line on stdout when it listens,
 
     GRPO_SANDBOX_READY {"port": 50071, "metrics_port": 9401, "pid": 123, "tls": true}
 
@@ -20,15 +20,11 @@ SIGTERM/SIGINT: stop accepting calls, let running programs finish for `--grace` 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
-import signal
 import socket
-import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 READY_PREFIX = "GRPO_SANDBOX_READY "
 
@@ -97,72 +93,35 @@ class SandboxServicer:
 
 
 def start_server(servicer: SandboxServicer, token: str, *, host: str = "[::]", port: int = 0, tls=None):
-    import grpc
-
     from grpo_api.proto import sandbox_pb2_grpc as pb_grpc
-    from grpo_api.rpc import TLS_CERT_ENV, TLS_KEY_ENV, TokenAuthInterceptor, listen, server_options
+    from grpo_rollout.grpc_launcher import serve_grpc
     # Threads for every slot plus callers waiting for one and Health: waiting happens in Run.
-    server = grpc.server(ThreadPoolExecutor(max_workers=2 * servicer.limits.concurrency + 4, thread_name_prefix="grpc"),
-                         interceptors=[TokenAuthInterceptor(token)], options=server_options())
-    pb_grpc.add_SandboxServicer_to_server(servicer, server)
-    if tls is None:
-        log.warning("serving without TLS (%s and %s are not set)", TLS_CERT_ENV, TLS_KEY_ENV)
-    return server, listen(server, host, port, tls)
+    return serve_grpc(pb_grpc.add_SandboxServicer_to_server, servicer, token, host=host, port=port, tls=tls,
+                      max_workers=2 * servicer.limits.concurrency + 4, log=log)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="grpo sandbox", description="Run the `python` tool's programs for a "
-                                "GRPOJob's rollout servers (spec.rollout.multiTurn.python).")
-    p.add_argument("--spec", required=True, help="the GRPOJob YAML")
-    p.add_argument("--port", type=int, default=50071, help="gRPC port; 0 picks a free one (default 50071)")
-    p.add_argument("--host", default="[::]", help="gRPC listen address (default all interfaces)")
-    p.add_argument("--metrics-port", type=int, default=0, help="HTTP /metrics and /ready; 0 picks one, -1 disables")
-    p.add_argument("--grace", type=float, default=5.0, help="seconds running programs get to finish on SIGTERM")
-    return p
+    from grpo_rollout.grpc_launcher import server_parser
+    return server_parser("grpo sandbox", "Run the `python` tool's programs for a GRPOJob's rollout servers "
+                         "(spec.rollout.multiTurn.python).", port=50071, running="programs")
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from grpo_api.jobfile import JobError, load_job
-    from grpo_api.rpc import TLSError, TokenError, read_token, server_tls
-    try:
-        job = load_job(args.spec)
-        token, tls = read_token(), server_tls()
-    except (JobError, TokenError, TLSError) as exc:
-        print(f"grpo sandbox: {exc}", file=sys.stderr)
-        return 2
-    limits = job.spec.rollout.multi_turn.python
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    from grpo_rollout.grpc_launcher import run_server
+    return run_server("grpo sandbox", _parser().parse_args(argv), READY_PREFIX, _start, log)
 
-    from grpo_rollout.metrics import serve_http
+
+def _start(launch):
+    from grpo_rollout.grpc_launcher import Serving
     from grpo_rollout.tools.python_tool import network_isolation_available
+    job, args = launch.job, launch.args
+    limits = job.spec.rollout.multi_turn.python
     metrics = SandboxMetrics(job.metadata.name, job.metadata.namespace)
-    serving = threading.Event()
-    http = serve_http(metrics.registry, args.metrics_port, ready=serving.is_set) if args.metrics_port >= 0 else None
-    server = None
-    try:
-        name = os.environ.get("POD_NAME") or socket.gethostname()
-        try:
-            server, port = start_server(SandboxServicer(limits, metrics, name), token, host=args.host,
-                                        port=args.port, tls=tls)
-        except OSError as exc:
-            print(f"grpo sandbox: {exc}", file=sys.stderr)
-            return 2
-        serving.set()
-        info = {"port": port, "metrics_port": http.server_address[1] if http else None, "pid": os.getpid(),
-                "tls": tls is not None}
-        print(READY_PREFIX + json.dumps(info), flush=True)
-        log.info("sandbox server %s listening on port %d: %d programs at once, each %gs wall, %ds CPU, %d MiB; "
-                 "own network namespace per program: %s", name, port, limits.concurrency, limits.timeout_seconds,
-                 limits.cpu_seconds, limits.memory_mb, "yes" if network_isolation_available() else
-                 "no (the pod's NetworkPolicy is what keeps it off the network)")
-        stop.wait()
-    finally:
-        if server is not None:
-            server.stop(grace=args.grace).wait()
-        if http is not None:
-            http.shutdown()
-    return 0
+    launch.serve_metrics(metrics.registry)
+    name = os.environ.get("POD_NAME") or socket.gethostname()
+    server, port = start_server(SandboxServicer(limits, metrics, name), launch.token, host=args.host,
+                                port=args.port, tls=launch.tls)
+    isolated = "yes" if network_isolation_available() else "no (the pod's NetworkPolicy is what keeps it off the network)"
+    return Serving(server, port, f"sandbox server {name} listening on port {port}: {limits.concurrency} programs "
+                   f"at once, each {limits.timeout_seconds:g}s wall, {limits.cpu_seconds}s CPU, {limits.memory_mb} "
+                   f"MiB; own network namespace per program: {isolated}")

@@ -8,19 +8,16 @@ listens it prints one line to stdout,
 
 which is how a parent process (the local launcher, tests) learns the ports and that it's ready.
 On SIGTERM/SIGINT it stops accepting calls, lets running ones finish for `--grace` seconds,
-then stops the reward workers and the engine.
+then stops the weight receiver, the engine and the reward workers. The launcher
+(grpo_rollout.grpc_launcher) does all but building the worker, as for the reward and sandbox servers.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
-import signal
 import socket
-import sys
-import threading
 
 READY_PREFIX = "GRPO_ROLLOUT_READY "
 
@@ -28,16 +25,10 @@ log = logging.getLogger("grpo_rollout")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="grpo rollout", description="Run a rollout server (generation + rewards) for a GRPOJob.")
-    p.add_argument("--spec", required=True, help="the GRPOJob YAML (as `grpo validate` accepts)")
-    p.add_argument("--port", type=int, default=50051, help="gRPC port; 0 picks a free one (default 50051)")
-    p.add_argument("--host", default="[::]", help="gRPC listen address (default all interfaces)")
-    p.add_argument("--metrics-port", type=int, default=0,
-                   help="HTTP port of /metrics and /ready; 0 (default) picks a free one (the ready line "
-                        "names it), -1 disables; pods set a fixed one for Prometheus and the readiness probe")
+    from grpo_rollout.grpc_launcher import server_parser
+    p = server_parser("grpo rollout", "Run a rollout server (generation + rewards) for a GRPOJob.", port=50051)
     p.add_argument("--worker-id", default=None, help="name in logs, metrics and rollout rows (default: host name)")
     p.add_argument("--device", default="auto", help="hf engine device: auto, cpu, cuda, cuda:N (default auto)")
-    p.add_argument("--grace", type=float, default=5.0, help="seconds running calls get to finish on SIGTERM")
     p.add_argument("--reward-model", action="append", default=[], metavar="NAME=HOST:PORT[,HOST:PORT]",
                    help="servers of a reward model of spec.reward.rewardModels (repeatable; default: "
                         "$GRPO_REWARD_ADDRESSES, 'name=host:port,...;name2=...')")
@@ -59,92 +50,45 @@ def _device(choice: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from grpo_api.jobfile import JobError, load_job
-    from grpo_api.rpc import TLSError, TokenError, read_token, server_tls
-
-    try:
-        job = load_job(args.spec)
-        token, tls = read_token(), server_tls()
-    except (JobError, TokenError, TLSError) as exc:
-        print(f"grpo rollout: {exc}", file=sys.stderr)
-        return 2
-    from grpo_api.storage import Storage
-    from grpo_rollout.log_mirror import mirror_from_env
-    mirror_from_env(Storage(job.spec.storage))     # the pod's log, kept in storage (closed at exit)
-
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-
-    from grpo_rollout.metrics import RolloutMetrics, serve_http
-
-    spec = job.spec
-    worker_id = args.worker_id or os.environ.get("HOSTNAME") or socket.gethostname()
-    metrics = RolloutMetrics(job.metadata.name, job.metadata.namespace, worker_id)
-    holder: dict = {}
-    http = None
-    if args.metrics_port >= 0:
-        http = serve_http(metrics.registry, args.metrics_port, ready=lambda: "worker" in holder and holder["worker"].health().ready)
-
-    from grpo_rollout.rewards import RewardPool
-    try:
-        rewards = RewardPool(spec.reward.function, workers=spec.reward.workers, timeout_seconds=spec.reward.timeout_seconds)
-    except ValueError as exc:
-        print(f"grpo rollout: {exc}", file=sys.stderr)
-        return 2
-    engine = server = None
-    try:
-        try:
-            server, port = _start(args, job, spec, token, tls, worker_id, metrics, rewards, holder)
-        except (OSError, ValueError) as exc:   # the model can't be loaded, the port is taken...
-            print(f"grpo rollout: {exc}", file=sys.stderr)
-            return 2
-        engine = holder["worker"].engine
-        info = {"port": port, "metrics_port": http.server_address[1] if http else None, "worker_id": worker_id,
-                "pid": os.getpid(), "tls": tls is not None}
-        print(READY_PREFIX + json.dumps(info), flush=True)
-        log.info("rollout server %s listening on port %d (engine %s, policy version %d)", worker_id, port,
-                 spec.rollout.engine, engine.policy_version)
-        stop.wait()
-        log.info("stopping: letting running calls finish for %.0fs", args.grace)
-    finally:
-        if server is not None:
-            server.stop(grace=args.grace).wait()
-        if "worker" in holder:
-            holder["worker"].weights.close()
-        rewards.close()
-        if engine is not None:
-            engine.close()
-        if http is not None:
-            http.shutdown()
-    return 0
+    from grpo_rollout.grpc_launcher import run_server
+    return run_server("grpo rollout", _parser().parse_args(argv), READY_PREFIX, _start, log)
 
 
-def _start(args, job, spec, token, tls, worker_id, metrics, rewards, holder):
+def _start(launch):
     from grpo_api.model_cache import local_model
     from grpo_api.storage import Storage, check_local_model_path
+    from grpo_rollout.grpc_launcher import Serving
+    from grpo_rollout.log_mirror import mirror_from_env
+    from grpo_rollout.metrics import RolloutMetrics
+    from grpo_rollout.rewards import RewardPool
     from grpo_rollout.server import RolloutServicer, start_server
     from grpo_rollout.worker import RolloutWorker
 
+    args, job, spec = launch.args, launch.job, launch.job.spec
+    mirror_from_env(Storage(spec.storage))     # the pod's log, kept in storage (closed at exit)
+    worker_id = args.worker_id or os.environ.get("HOSTNAME") or socket.gethostname()
+    metrics = RolloutMetrics(job.metadata.name, job.metadata.namespace, worker_id)
+    built: dict = {}
+    launch.serve_metrics(metrics.registry, ready=lambda: "worker" in built and built["worker"].health().ready)
+    rewards = RewardPool(spec.reward.function, workers=spec.reward.workers, timeout_seconds=spec.reward.timeout_seconds,
+                         kwargs=spec.reward.kwargs, concurrency=spec.reward.concurrency)
+    launch.on_close(rewards.close)
     model = local_model(spec.model, spec.storage)       # a fetched model's cache folder
     check_local_model_path(model.path)
     if model.tokenizer_path:
         check_local_model_path(model.tokenizer_path, "spec.model.tokenizerPath")
-    reward_models = _reward_models(args, spec, token, metrics)
-    sandbox = _sandbox(args, spec, token)
+    reward_models = _reward_models(args, spec, launch.token, metrics)
+    sandbox = _sandbox(args, spec, launch.token)
     engine = build_engine(spec, model, device=_device(args.device))
-    try:
-        worker = RolloutWorker(spec=spec, engine=engine, rewards=rewards, storage=Storage(spec.storage),
-                               worker_id=worker_id, metrics=metrics, reward_models=reward_models,
-                               lora_adapters=args.lora_adapters, sandbox=sandbox)
-        holder["worker"] = worker
-        return start_server(RolloutServicer(worker), token, host=args.host, port=args.port, tls=tls)
-    except BaseException:
-        engine.close()
-        raise
+    launch.on_close(engine.close)
+    worker = RolloutWorker(spec=spec, engine=engine, rewards=rewards, storage=Storage(spec.storage),
+                           worker_id=worker_id, metrics=metrics, reward_models=reward_models,
+                           lora_adapters=args.lora_adapters, sandbox=sandbox)
+    built["worker"] = worker
+    launch.on_close(worker.weights.close)
+    server, port = start_server(RolloutServicer(worker), launch.token, host=args.host, port=args.port, tls=launch.tls)
+    return Serving(server, port, f"rollout server {worker_id} listening on port {port} (engine {spec.rollout.engine}, "
+                   f"policy version {engine.policy_version})", ready={"worker_id": worker_id}, log_stop=True)
 
 
 def _reward_models(args, spec, token, metrics):
@@ -153,10 +97,11 @@ def _reward_models(args, spec, token, metrics):
     if not spec.reward.reward_models:
         return None
     from grpo_api.rpc import client_auth
-    from grpo_rollout.reward_client import ADDRESSES_ENV, RewardModels, parse_addresses
-    text = ";".join(args.reward_model) or os.environ.get(ADDRESSES_ENV, "")
+    from grpo_api.contracts import REWARD_ADDRESSES_ENV, parse_reward_addresses
+    from grpo_rollout.reward_client import RewardModels
+    text = ";".join(args.reward_model) or os.environ.get(REWARD_ADDRESSES_ENV, "")
     auth = client_auth() if os.environ.get("GRPO_TLS_CA") else token
-    return RewardModels(spec.reward.reward_models, parse_addresses(text), auth, metrics)
+    return RewardModels(spec.reward.reward_models, parse_reward_addresses(text), auth, metrics)
 
 
 def _sandbox(args, spec, token):
@@ -186,5 +131,5 @@ def build_engine(spec, model, *, device: str):
         return VLLMEngine(model.path, tensor_parallel_size=rollout.tensor_parallel_size,
                           gpu_memory_utilization=rollout.gpu_memory_utilization, max_model_len=spec.total_length,
                           enforce_eager=rollout.enforce_eager, max_num_batched_tokens=rollout.max_num_batched_tokens,
-                          **common)
+                          enable_sleep_mode=spec.colocated, **common)
     raise ValueError(f"spec.rollout.engine: unknown engine {rollout.engine!r}; known: hf, vllm")

@@ -9,15 +9,15 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
 from grpo_api.proto import rollout_pb2 as pb
 from grpo_api.proto import rollout_pb2_grpc as pb_grpc
-from grpo_api.rpc import TLS_CERT_ENV, TLS_KEY_ENV, ServerTLS, TokenAuthInterceptor, listen, server_options
+from grpo_api.rpc import ServerTLS
 from grpo_api.weights import bucket_from_proto, lora_from_proto
 from grpo_rollout import cuda_ipc
+from grpo_rollout.grpc_launcher import serve_grpc
 from grpo_rollout.weights import CollectivePlan, WeightSyncConflict
 from grpo_rollout.worker import GenerateJob, RolloutWorker, SamplingOverrides
 
@@ -63,6 +63,7 @@ def job_from_proto(req: pb.GenerateRequest) -> GenerateJob:
         top_k=s.top_k if s.HasField("top_k") else None,
         seed=s.seed if s.HasField("seed") else None,
         stop=tuple(s.stop),
+        logprobs=s.logprobs if s.HasField("logprobs") else None,
     )
     if not req.prompt_uri or not req.output_uri:
         raise ValueError("prompt_uri and output_uri are required")
@@ -101,12 +102,14 @@ class RolloutServicer(pb_grpc.RolloutServicer):
 
     @_translating_errors
     def UpdateWeights(self, request_iterator, context):
+        self.worker.wake_up(["weights"])    # a sleeping engine takes weights once they are awake
         r = self.worker.weights.receive_stream(request_iterator)
         return pb.UpdateWeightsReply(version=r.version, committed=r.committed, rejected_buckets=r.rejected,
                                      accepted_buckets=r.accepted, bytes=r.nbytes, seconds=r.seconds)
 
     @_translating_errors
     def PrepareWeightSync(self, request, context):
+        self.worker.wake_up(["weights"])
         self.worker.weights.prepare_collective(plan_from_proto(request))
         return pb.PrepareWeightSyncReply(ready=True)
 
@@ -127,15 +130,20 @@ class RolloutServicer(pb_grpc.RolloutServicer):
                             tool_schemas_json=json.dumps(schemas) if (schemas := self.worker.tool_schemas()) else "")
 
 
+    @_translating_errors
+    def Sleep(self, request, context):
+        seconds, dropped = self.worker.sleep(request.level)
+        return pb.SleepReply(seconds=seconds, weights_dropped=dropped, policy_version=self.worker.weights.version)
+
+    @_translating_errors
+    def WakeUp(self, request, context):
+        return pb.WakeUpReply(seconds=self.worker.wake_up(list(request.parts) or None), policy_version=self.worker.weights.version)
+
+
 def start_server(servicer: RolloutServicer, token: str, *, host: str = "[::]", port: int = 0,
                  max_workers: int = 16, tls: ServerTLS | None = None) -> tuple[grpc.Server, int]:
     """Start serving; returns the server and the port it bound (port 0 picks a free one).
     Every RPC requires the token; with `tls` the port speaks only TLS (a plaintext client
     can't connect)."""
-    server = grpc.server(ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
-                         interceptors=[TokenAuthInterceptor(token)], options=server_options())
-    pb_grpc.add_RolloutServicer_to_server(servicer, server)
-    if tls is None:
-        log.warning("serving without TLS (%s and %s are not set): the token and the weights cross the network "
-                    "in clear", TLS_CERT_ENV, TLS_KEY_ENV)
-    return server, listen(server, host, port, tls)
+    return serve_grpc(pb_grpc.add_RolloutServicer_to_server, servicer, token, host=host, port=port, tls=tls,
+                      max_workers=max_workers, log=log, in_clear=": the token and the weights cross the network in clear")

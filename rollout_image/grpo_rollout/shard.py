@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from grpo_api.records import PROMPT_SCHEMA, ROLLOUT_SCHEMA
+from grpo_api.records import PROMPT_OPTIONAL, PROMPT_SCHEMA, ROLLOUT_SCHEMA
 from grpo_rollout.engine import Sample
 
 
@@ -22,11 +22,14 @@ class Prompt:
     extra_info: dict
     messages: tuple = ()
     """The prompt's chat messages (raw_prompt); empty in shards written without them."""
+    images: tuple[str, ...] = ()
+    """URIs of the prompt's images (a VL model's; grpo_api.records.RunLayout.image), in order."""
 
     @classmethod
     def rows(cls, table: pa.Table) -> list["Prompt"]:
-        if "raw_prompt" not in table.column_names:
-            table = table.append_column("raw_prompt", pa.nulls(len(table), pa.string()))
+        for name in PROMPT_OPTIONAL:
+            if name not in table.column_names:
+                table = table.append_column(name, pa.nulls(len(table), PROMPT_SCHEMA.field(name).type))
         table = table.select(PROMPT_SCHEMA.names).cast(PROMPT_SCHEMA)
         out = []
         for row in table.to_pylist():
@@ -39,7 +42,7 @@ class Prompt:
             messages = json.loads(row["raw_prompt"]) if row["raw_prompt"] else []
             out.append(cls(row["uid"], row["prompt_index"], row["prompt_ids"], row["data_source"] or "",
                            row["ground_truth"] or "", extra if isinstance(extra, dict) else {"value": extra},
-                           tuple(messages) if isinstance(messages, list) else ()))
+                           tuple(messages) if isinstance(messages, list) else (), tuple(row["images"] or ())))
         return out
 
 
@@ -50,6 +53,7 @@ class Scored:
     sample: Sample
     reward: float
     reward_extra: dict
+    reward_error: str | None = None     # how the reward function failed (rewards.ERROR_KINDS), None: it didn't
 
 
 def rollout_table(prompts: list[Prompt], scored: list[list[Scored]], *, policy_version: int, worker: str) -> pa.Table:
@@ -67,10 +71,12 @@ def rollout_table(prompts: list[Prompt], scored: list[list[Scored]], *, policy_v
             cols["response_logprobs"].append(s.sample.logprobs)
             cols["reward"].append(s.reward)
             cols["reward_extra"].append(json.dumps(s.reward_extra, default=repr))
+            cols["reward_error"].append(s.reward_error)
             cols["finish_reason"].append(s.sample.finish_reason)
             cols["policy_version"].append(policy_version)
             cols["data_source"].append(prompt.data_source)
             cols["ground_truth"].append(prompt.ground_truth)
+            cols["images"].append(list(prompt.images))
             cols["worker"].append(worker)
             agent = s.sample.agent
             cols["response_mask"].append(s.sample.response_mask)

@@ -3,7 +3,8 @@ extra, 0.26.x, the newest that runs on torch 2.11; the rollout image installs ex
 one, and bench/vllm_check.py is what ran it on an H200).
 
 - Generation: token-id prompts in, `SamplingParams(logprobs=0)` so each output token carries
-  its own logprob. `logprobs_mode="processed_logprobs"` makes that the logprob after temperature
+  its own logprob (none when the request asks for none: they cost ~0.6 s of a 4.4 s generation).
+  `logprobs_mode="processed_logprobs"` makes that the logprob after temperature
   (and after top-k/top-p, which vLLM applies before taking it: with the training defaults
   top_p=1, top_k=-1 it is exactly log_softmax(logits / T), what the trainer recomputes; see
   grpo_rollout.engine). vLLM's default, raw_logprobs, would ignore the temperature.
@@ -104,7 +105,7 @@ def sampling_kwargs(params: SamplingParams, tokenizer: Any = None) -> dict[str, 
         top_k=0 if params.top_k in (-1, 0) else params.top_k,
         stop=stops or None,
         stop_token_ids=stop_ids or None,
-        logprobs=0,  # the sampled token's own logprob, no alternatives
+        logprobs=0 if params.logprobs else None,  # the sampled token's own logprob, no alternatives
         skip_special_tokens=True,
         detokenize=bool(stops),  # text is decoded for the rewards anyway; stop strings need it here
     )
@@ -115,18 +116,22 @@ def _token_logprob(position: Any, token_id: int) -> float:
     return float(entry.logprob)
 
 
-def samples_from_output(output: Any) -> list[Sample]:
-    """One vllm RequestOutput -> its samples in index order."""
+def samples_from_output(output: Any, logprobs: bool = True) -> list[Sample]:
+    """One vllm RequestOutput -> its samples in index order; `logprobs`: they were asked for
+    (else the samples' are None)."""
     samples = []
     for completion in sorted(output.outputs, key=lambda c: c.index):
         reason = completion.finish_reason
         if reason not in ("stop", "length"):
             raise RuntimeError(f"vLLM finished a sample with {reason!r} (expected stop or length)")
         token_ids = list(completion.token_ids)
+        if not logprobs:
+            samples.append(Sample(token_ids=token_ids, logprobs=None, finish_reason=reason))
+            continue
         if completion.logprobs is None or len(completion.logprobs) != len(token_ids):
             raise RuntimeError("vLLM returned no logprob for some tokens (SamplingParams.logprobs must be 0)")
-        logprobs = [_token_logprob(pos, tok) for pos, tok in zip(completion.logprobs, token_ids)]
-        samples.append(Sample(token_ids=token_ids, logprobs=logprobs, finish_reason=reason))
+        values = [_token_logprob(pos, tok) for pos, tok in zip(completion.logprobs, token_ids)]
+        samples.append(Sample(token_ids=token_ids, logprobs=values, finish_reason=reason))
     return samples
 
 
@@ -276,8 +281,10 @@ class VLLMEngine(Engine):
     def __init__(self, model_path: str, *, dtype: str, seed: int, tokenizer_path: str | None = None,
                  trust_remote_code: bool = False, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
                  max_model_len: int | None = None, enforce_eager: bool = False,
-                 max_num_batched_tokens: int | None = None, max_lora_rank: int | None = None):
-        """max_lora_rank: run vLLM's LoRA and take adapter-only syncs of adapters up to that rank."""
+                 max_num_batched_tokens: int | None = None, max_lora_rank: int | None = None,
+                 enable_sleep_mode: bool = False):
+        """max_lora_rank: run vLLM's LoRA and take adapter-only syncs of adapters up to that rank.
+        enable_sleep_mode: vLLM's sleep mode (its CuMem allocator), for `sleep` (colocated placement)."""
         environment_defaults()
         import vllm
 
@@ -289,6 +296,7 @@ class VLLMEngine(Engine):
             model_path, dtype=dtype, seed=seed, tokenizer_path=tokenizer_path, trust_remote_code=trust_remote_code,
             tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len, enforce_eager=enforce_eager, max_num_batched_tokens=max_num_batched_tokens),
+            **({"enable_sleep_mode": True} if enable_sleep_mode else {}),
             **({} if max_lora_rank is None else dict(enable_lora=True, max_loras=1,
                                                      max_lora_rank=vllm_max_lora_rank(max_lora_rank))))
         self.accepts_lora_adapters = max_lora_rank is not None
@@ -304,6 +312,18 @@ class VLLMEngine(Engine):
     def device(self) -> torch.device:
         return self._device
 
+    def sleep(self, level: int) -> bool:
+        """vLLM's sleep mode: level 1 offloads the weights to host memory and discards the KV
+        cache; level 2 discards both (the trainer sends the weights again anyway)."""
+        self._llm.sleep(level=level)
+        return level >= 2
+
+    def wake_up(self, parts: list[str]) -> None:
+        # Explicit tags, never None: vLLM maps every pool again on None, awake ones included.
+        self._llm.wake_up(tags=parts)
+        if "kv_cache" in parts and hasattr(self._llm, "reset_prefix_cache"):
+            self._llm.reset_prefix_cache()     # cached prefixes were computed by the old weights
+
     def info(self) -> EngineInfo:
         return EngineInfo(engine="vllm", model=self._model_path, device=str(self._device), num_parameters=0,
                           capacity=256)
@@ -318,7 +338,7 @@ class VLLMEngine(Engine):
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
         sampling = VSamplingParams(**sampling_kwargs(params, self._tokenizer))
         outputs = self._llm.generate(prompts, sampling, use_tqdm=False, lora_request=self._lora)
-        return [samples_from_output(o) for o in outputs]
+        return [samples_from_output(o, params.logprobs) for o in outputs]
 
     def load_lora_adapters(self, adapters: Mapping[str, LoraAdapter]) -> None:
         if not self.accepts_lora_adapters:

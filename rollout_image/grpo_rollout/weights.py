@@ -275,6 +275,10 @@ class WeightReceiver:
         log.info("weights at version %d (%s, %d buckets, %.2fs)", version, backend, self._pending_total, seconds)
         return True
 
+    def forget(self) -> None:
+        """The engine dropped its weights (sleep level 2): unknown until the next full sync."""
+        self._set_version(UNKNOWN_VERSION)
+
     def _set_version(self, version: int) -> None:
         self._engine.policy_version = version
         if self._metrics:

@@ -10,13 +10,13 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from grpo_api.records import PROMPT_SCHEMA
 from grpo_api.spec import GRPOJobSpec
 from grpo_api.storage import Storage
 from grpo_rollout.agent_loop import build_agent_loop, reward_extra_info
-from grpo_rollout.engine import Engine, EngineInfo, SamplingParams
+from grpo_rollout.engine import SLEEP_PARTS, Engine, EngineInfo, SamplingParams
 from grpo_rollout.metrics import RolloutMetrics
 from grpo_rollout.rewards import RewardPool, RewardRequest, overlong_penalty
 from grpo_rollout.shard import Prompt, Scored, rollout_table
@@ -36,6 +36,7 @@ class SamplingOverrides:
     top_k: int | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    logprobs: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ def resolve_sampling(spec: GRPOJobSpec, job: GenerateJob) -> SamplingParams:
         top_k=r.top_k if o.top_k is None else o.top_k,
         seed=derive_seed(r.seed, job.step, job.shard) if o.seed is None else o.seed,
         stop=tuple(o.stop),
+        logprobs=True if o.logprobs is None else o.logprobs,
     )
 
 
@@ -106,6 +108,8 @@ class RolloutWorker:
         self.weights = WeightReceiver(engine, self.engine_lock, metrics, lora_adapters=lora_adapters)
         self.agent_loop = build_agent_loop(spec, engine, sandbox)   # rollout.multiTurn: tool-using trajectories
         metrics.set_policy_version(engine.policy_version)
+        self.asleep: frozenset[str] = frozenset()   # the engine's SLEEP_PARTS asleep (placement colocated)
+        self.sleep_level = 0
 
     def health(self) -> Health:
         version = self.weights.version
@@ -115,7 +119,10 @@ class RolloutWorker:
             status = "weights unknown: " + (self.weights.sync_error or "a weight update did not complete")
         else:
             status = "ready"
-        return Health(ready=status == "ready", policy_version=version, status=status,
+        ready = status == "ready"      # asleep too: a Generate wakes what sleeps
+        if self.asleep:
+            status += f" (asleep at level {self.sleep_level}: {', '.join(sorted(self.asleep))})"
+        return Health(ready=ready, policy_version=version, status=status,
                       weight_sync_error=self.weights.sync_error, weight_sync_version=self.weights.sync_version)
 
     def info(self) -> EngineInfo:
@@ -127,14 +134,17 @@ class RolloutWorker:
 
     def generate(self, job: GenerateJob) -> GenerateResult:
         params = resolve_sampling(self.spec, job)
-        prompts = Prompt.rows(self.storage.read_table(job.prompt_uri, PROMPT_SCHEMA))
+        prompts = Prompt.rows(self.storage.read_table(job.prompt_uri))     # Prompt.rows reads older shards too
+        images = self._images(prompts)
         with self.metrics.in_flight(), self.engine_lock:
+            self._wake_locked()
             version = self._check_version(job.expected_policy_version)
             started = time.monotonic()
             if self.agent_loop is not None:
                 groups = self.agent_loop.generate(prompts, params)
             else:
-                groups = self.engine.generate([p.prompt_ids for p in prompts], params)
+                groups = self.engine.generate([p.prompt_ids for p in prompts], params,
+                                              **({"images": images} if images else {}))
             generate_seconds = time.monotonic() - started
             texts = [[self.engine.decode(s.token_ids) for s in g] for g in groups]
         samples = sum(len(g) for g in groups)
@@ -153,6 +163,59 @@ class RolloutWorker:
         return GenerateResult(rollout_uri=job.output_uri, num_prompts=len(prompts), num_samples=samples,
                               policy_version=version, generated_tokens=tokens, generate_seconds=generate_seconds,
                               reward_seconds=reward_seconds, reward_errors=sum(errors.values()))
+
+    # --- sleep mode (rollout.placement colocated) ---------------------------------------------
+
+    def _images(self, prompts: list[Prompt]) -> list[list[bytes]] | None:
+        """The prompts' images (encoded bytes, each distinct one read once), None when none has any."""
+        if not any(p.images for p in prompts):
+            return None
+        if not self.engine.accepts_images:
+            raise ValueError(f"the prompts have images, but the {self.engine.info().engine} engine does not take "
+                             f"images yet (issue 45: only the hf engine does; vLLM's multimodal inputs are not built)")
+        if self.agent_loop is not None:
+            raise ValueError("prompts with images in an agent loop (rollout.multiTurn, rollout.agentLoop) are not "
+                             "supported yet (issue 45)")
+        read: dict[str, bytes] = {}
+        for uri in {u for p in prompts for u in p.images}:
+            read[uri] = self.storage.read_bytes(uri)
+        return [[read[u] for u in p.images] for p in prompts]
+
+    def sleep(self, level: int) -> tuple[float, bool]:
+        """Free the engine's GPU memory for the trainer; returns the seconds it took and whether
+        the weights were dropped (their version is then unknown: the trainer's next sync is a full
+        one, and a Generate before it is refused as for a server that missed an update)."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2 (got {level})")
+        with self.engine_lock:
+            started = time.monotonic()
+            dropped = False
+            if not self.asleep:        # partly awake (only its weights): stays so, as vLLM does
+                dropped = self.engine.sleep(level)
+                self.asleep, self.sleep_level = frozenset(SLEEP_PARTS), level
+                if dropped:
+                    self.weights.forget()
+            return time.monotonic() - started, dropped
+
+    def wake_up(self, parts: Iterable[str] | None = None) -> float:
+        """Take back `parts` of the engine's memory (all that sleeps when None): a weight sync wakes
+        the weights alone, so that the trainer can move its own tensors off the GPU before the KV
+        cache comes back (trainer.paramOffload; verl's multi-stage wake-up)."""
+        with self.engine_lock:
+            started = time.monotonic()
+            self._wake_locked(parts)
+            return time.monotonic() - started
+
+    def _wake_locked(self, parts: Iterable[str] | None = None) -> None:
+        """Wake what sleeps of `parts` (under the engine lock): generation wakes it all."""
+        if unknown := set(parts or ()) - set(SLEEP_PARTS):
+            raise ValueError(f"wake-up parts must be among {', '.join(SLEEP_PARTS)} (got {', '.join(sorted(unknown))})")
+        waking = self.asleep if parts is None else self.asleep & set(parts)
+        if waking:
+            self.engine.wake_up(sorted(waking))
+            self.asleep -= waking
+            log.info("engine awake%s (policy version %d)",
+                     f" but for its {', '.join(sorted(self.asleep))}" if self.asleep else "", self.weights.version)
 
     def _check_version(self, expected: int) -> int:
         health = self.health()
@@ -187,7 +250,7 @@ class RolloutWorker:
                                                shaping.len, shaping.penalty_factor)
                     extra.update(overlong_reward=penalty, overlong=penalty < 0)
                     reward += penalty
-                out.append(Scored(sample, reward, extra))
+                out.append(Scored(sample, reward, extra, r.error))
             scored.append(out)
         return scored, errors
 

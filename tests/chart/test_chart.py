@@ -64,6 +64,39 @@ def test_uninstall_is_checked_by_a_pre_delete_hook_of_the_operator_image(helm):
     assert find(render(helm, "--set", "uninstallCheck.enabled=false"), "Job") == []
 
 
+def test_the_uninstall_hook_pod_is_not_the_operators_and_says_why_it_refused(helm):
+    """Issue 48: NOTES.txt's `kubectl logs deployment/<operator>` must find the operator's pod
+    only, and a refusal (Helm shows "BackoffLimitExceeded") is the hook pod's termination message."""
+    docs = render(helm)
+    (job,) = find(docs, "Job")
+    (operator,) = find(docs, "Deployment")
+    hook_labels = job["spec"]["template"]["metadata"]["labels"]
+    assert not operator["spec"]["selector"]["matchLabels"].items() <= hook_labels.items()
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_the_viewer_starts_from_the_charts_values_alone(helm):
+    """Issue 48: the jobs' trainer image (jobDefaults.trainer.image) unless viewer.image names one,
+    a writable /cache for a model in object storage (the image's XDG_CACHE_HOME, on a read-only
+    root), and --wait for a job that hasn't written its run yet."""
+    base = ["--set", "viewer.enabled=true", "--set", "viewer.runUri=s3://runs/team-a/foo/0f3a"]
+
+    def viewer(*extra):
+        (deploy,) = find(render(helm, *base, *extra), "Deployment", "grpo-grpo-operator-viewer")
+        return deploy["spec"]["template"]["spec"]
+
+    pod = viewer("--set", "jobDefaults.trainer.image.repository=registry.local/trainer",
+                 "--set", "jobDefaults.trainer.image.tag=fix-1")
+    (c,) = pod["containers"]
+    assert c["image"] == "registry.local/trainer:fix-1" and "--wait" in c["args"]
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/cache"]] and "emptyDir" in volumes[mounts["/tmp"]]
+    (c,) = viewer("--set", "jobDefaults.trainer.image.tag=fix-1", "--set", "viewer.image.repository=my/viewer")["containers"]
+    assert c["image"] == "my/viewer:0.1.0"
+
+
 def test_the_viewer_serves_one_run_read_only_when_enabled(helm):
     """viewer.enabled (issue 35): `grpo ui` on viewer.runUri in the trainer image, the storage
     credentials from the named Secret, no API token, and a Service selecting the viewer only."""
@@ -75,7 +108,7 @@ def test_the_viewer_serves_one_run_read_only_when_enabled(helm):
     (c,) = pod["containers"]
     assert c["image"] == "ghcr.io/grpo-operator/trainer:0.1.0"
     assert c["command"] + c["args"] == ["grpo", "ui", "s3://runs/team-a/foo/0f3a", "--host=0.0.0.0", "--port=8265",
-                                        "--endpoint=http://minio:9000"]
+                                        "--wait", "--endpoint=http://minio:9000"]
     assert c["envFrom"] == [{"secretRef": {"name": "run-reader"}}]
     assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
     assert c["securityContext"]["readOnlyRootFilesystem"] is True and pod["securityContext"]["runAsNonRoot"] is True
@@ -109,11 +142,13 @@ def test_rendered_environment_is_valid_operator_settings(helm, variant):
     if variant == "defaults":
         assert settings.namespaces == () and settings.trainer_image == "ghcr.io/grpo-operator/trainer:0.1.0"
         assert settings.rollout_image == "ghcr.io/grpo-operator/rollout:0.1.0"
+        assert settings.colocated_image == ""             # the rollout image (it carries the trainer too)
         assert settings.pod_monitor == "auto" and settings.network_policy is True
         assert settings.liveness_endpoint == "http://0.0.0.0:8081/healthz" and settings.metrics_port == 8080
     else:
         assert settings.namespaces == ("team-a", "team-b")
         assert settings.trainer_image == "registry.example.com/grpo/trainer:0.1.0"
+        assert settings.colocated_image == "registry.example.com/grpo/colocated:0.1.0"
         assert settings.trainer_resources == {"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"memory": "128Gi"}}
         assert settings.image_pull_secrets == ("regcred",) and settings.run_as_user == 2000
         assert settings.trainer_termination_grace_seconds == 3600 and settings.gpu_resource == "amd.com/gpu"
@@ -150,6 +185,40 @@ def test_every_option_renders(helm):
     assert all(d["metadata"]["annotations"] == {"grafana_folder": "GRPO"} for d in dashboards)
 
 
+def test_pod_monitor_scrapes_colocated_servers_on_every_trainer_pod(helm):
+    """The chart's PodMonitor, over a colocated 2-node job's trainer pods and a separate job's
+    trainer and rollout pods (as the operator builds them): trainer rank 0's `metrics` on node 0
+    only, each server's own port (`metrics-<i>`) on every node, no other port."""
+    import copy
+
+    from grpo_api.jobfile import parse_job
+    from grpo_operator import manifests
+    from grpo_operator.settings import OperatorSettings
+    from prometheus_helpers import pod_monitor_targets
+
+    def job(name, **rollout):
+        return parse_job({"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob",
+                          "metadata": {"name": name, "namespace": "team-a", "uid": "0b1c2d3e-0000-4000-8000-000000000001"},
+                          "spec": {"model": {"path": "Qwen/Qwen3-8B"}, "storage": {"uri": "s3://runs/team-a"},
+                                   "data": {"trainFiles": ["s3://data/train.parquet"], "trainBatchSize": 128},
+                                   "rollout": {"engine": "vllm", "tensorParallelSize": 2, **rollout},
+                                   "trainer": {"nnodes": 2, "nprocPerNode": 4, "miniBatchSize": 32}}})
+
+    settings = OperatorSettings(colocated_image="reg/colocated:1")
+    pods = {}
+    for name, j in (("co", job("co", placement="colocated", replicas=4)), ("sep", job("sep"))):
+        template = manifests.build_trainer_job(j, settings)["spec"]["template"]
+        for node in (0, 1):
+            pods[f"{name}-trainer-{node}"] = pod = copy.deepcopy(template)
+            pod["metadata"]["labels"][manifests.COMPLETION_INDEX_LABEL] = str(node)
+    pods["sep-rollout"] = manifests.build_rollout_deployment(job("sep"), settings)["spec"]["template"]
+    (pm,) = find(render(helm, "--set", "metrics.podMonitor.enabled=true"), "PodMonitor")
+    assert pod_monitor_targets(pm, pods) == {
+        ("co-trainer-0", "metrics"), ("co-trainer-0", "metrics-0"), ("co-trainer-0", "metrics-1"),
+        ("co-trainer-1", "metrics-0"), ("co-trainer-1", "metrics-1"),
+        ("sep-trainer-0", "metrics"), ("sep-rollout", "metrics")}
+
+
 def _rules(role) -> dict[tuple[str, str], list[str]]:
     return {(group, res): r["verbs"] for r in role["rules"] for group in r["apiGroups"] for res in r["resources"]}
 
@@ -164,6 +233,7 @@ LEAST_PRIVILEGE = {
     ("", "services"): ["create", "patch"],
     ("", "secrets"): ["create"],
     ("", "pods"): ["list", "watch", "patch", "delete"],
+    ("", "pods/log"): ["get"],                # the reward and sandbox pods' logs, kept in the run
     ("", "events"): ["create"],
     ("batch", "jobs"): ["get", "list", "watch", "create", "delete"],
     ("apps", "deployments"): ["get", "create", "patch", "delete"],

@@ -72,7 +72,8 @@ def test_crd_applies_and_kubectl_explains_it(grpojob_crd, control_plane, kubectl
 @pytest.mark.parametrize("example", sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.name)
 def test_examples_apply_with_kubectl(grpojob_crd, control_plane, kubectl_bin, namespace, example):
     # kubectl reads YAML as YAML 1.1, unlike Python: an unquoted key like `n` becomes `false`.
-    laptop = example.name in ("quickstart.yaml", "reward-model.yaml")   # `grpo run` jobs: storage in ./outputs
+    # `grpo run` jobs (no storage.uri: their storage is ./outputs) are refused on Kubernetes
+    laptop = not (yaml.safe_load(example.read_text())["spec"].get("storage") or {}).get("uri")
     out = kubectl(kubectl_bin, control_plane, "apply", "--dry-run=server", "-n", namespace, "-f", str(example),
                   check=not laptop)
     if laptop:   # refused on Kubernetes: their default storage is a local folder
@@ -106,6 +107,29 @@ def test_invalid_grpojob_is_refused_by_the_schema(grpojob_crd, admin_client, nam
         api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, both)
     assert refused.value.status == 422 and "rollout.agentLoop and rollout.multiTurn.enable exclude each other" \
         in refused.value.body
+
+
+def test_colocated_replicas_are_derived_and_scaling_is_refused(grpojob_crd, admin_client, namespace):
+    # issue 46: with placement colocated, rollout.replicas is nnodes x nprocPerNode / tensorParallelSize
+    api = client.CustomObjectsApi(admin_client)
+    wrong = copy.deepcopy(valid_grpojob("colocated-wrong"))
+    wrong["spec"]["rollout"].update({"placement": "colocated", "replicas": 1})
+    wrong["spec"]["trainer"].update({"nprocPerNode": 2, "microBatchSizePerGPU": 4})
+    with pytest.raises(ApiException) as refused:
+        api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, wrong)
+    assert refused.value.status == 422 and "rollout.replicas must be nnodes x nprocPerNode / tensorParallelSize" \
+        in refused.value.body
+    right = copy.deepcopy(wrong)
+    right["metadata"]["name"] = "colocated"
+    right["spec"]["rollout"]["replicas"] = 2
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, right)
+    # `kubectl scale gj colocated --replicas=3` goes through the scale subresource: the same rule refuses it
+    with pytest.raises(ApiException) as scaled:
+        api.patch_namespaced_custom_object_scale(GROUP, VERSION, namespace, PLURAL, "colocated",
+                                                 {"spec": {"replicas": 3}})
+    assert scaled.value.status == 422 and "a colocated job can't be scaled" in scaled.value.body
+    got = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "colocated")
+    assert got["spec"]["rollout"]["replicas"] == 2
 
 
 def test_job_controller_creates_pods_and_deletion_collects_them(admin_client, namespace):

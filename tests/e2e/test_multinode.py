@@ -62,7 +62,7 @@ def _final_checkpoint(cluster, ns: str, name: str) -> dict:
     storage = Storage(StorageSpec(endpoint=cluster.s3_endpoint, region="us-east-1"),
                       env={"AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET})
     weights, state = load_full_state_dict(f"s3://{run_path(cluster, ns, name)}/checkpoints/step-{STEPS}", storage, key)
-    assert state["step"] == STEPS
+    assert state.trainer.step == STEPS
     return weights
 
 

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from grpo_api.contracts import BAD_INPUT_EXIT_CODE
 from integration_helpers import child_env, grpo_cli, run_root, trainer_argv, write_job
 from unit.test_spec import INVALID_SPECS, job_with
 
@@ -70,7 +71,7 @@ def test_malformed_yaml_is_refused_with_its_line_and_nothing_is_created(tmp_path
     assert validate.returncode == 1 and f"{bad}: invalid GRPOJob" in validate.stderr
     assert "malformed YAML at line 3" in validate.stderr, validate.stderr
     run = _grpo("run", str(bad), cwd=cwd)
-    assert run.returncode == 2 and "malformed YAML at line 3" in run.stderr, run.stderr
+    assert run.returncode == BAD_INPUT_EXIT_CODE and "malformed YAML at line 3" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr
     assert _tree(cwd) == []
 
@@ -101,7 +102,7 @@ def test_every_invalid_spec_is_refused_by_grpo_validate_naming_the_field(tmp_pat
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     run = _grpo("run", str(files[0]), cwd=cwd)
-    assert run.returncode == 2 and INVALID_SPECS[0][1] in run.stderr, run.stderr
+    assert run.returncode == BAD_INPUT_EXIT_CODE and INVALID_SPECS[0][1] in run.stderr, run.stderr
     assert _tree(cwd) == []
 
 
@@ -254,7 +255,7 @@ def test_in_a_pod_the_trainers_error_is_the_exit_code_and_termination_message(tm
     proc = subprocess.run(pod_argv, capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env=child_env(GRPO_RPC_TOKEN="t", GRPO_TERMINATION_LOG=str(termination_log)))
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 2, out[-4000:]
+    assert proc.returncode == BAD_INPUT_EXIT_CODE, out[-4000:]
     said = termination_log.read_text().strip()
     assert said.startswith(f"error: spec.model.path: '{model}' does not exist"), said
     assert "ChildFailedError" not in out and "Root Cause" not in out, out[-3000:]
@@ -283,7 +284,34 @@ def test_grpo_run_checks_local_paths_before_starting_anything(tmp_path, tiny_mod
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     out = _grpo("run", str(job), cwd=cwd)
-    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1] == message, out.stderr[-3000:]
+    assert out.returncode == BAD_INPUT_EXIT_CODE and out.stderr.strip().splitlines()[-1] == message, out.stderr[-3000:]
+    assert _tree(cwd) == [] and not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize("case", ["null-prompt", "no-ground-truth"])
+def test_grpo_run_refuses_a_bad_dataset_row_before_any_server_starts(tmp_path, tiny_model, train_data, case):
+    """Issue 48: a bad row was a traceback from the trainer after the rollout servers had loaded the
+    model; now one line naming the file, row and column, exit 2, no server started (no run folder,
+    so no rollout log). The same check in the trainer: tests/unit/test_dataset_rows.py."""
+    rows = pq.read_table(train_data).slice(0, 8).to_pylist()
+    if case == "null-prompt":
+        rows[6]["prompt"] = None
+    else:
+        for row in rows:
+            row["reward_model"]["ground_truth"] = None
+    bad = _parquet(pa.Table.from_pylist(rows, schema=pq.read_schema(train_data)), tmp_path / "bad.parquet")
+    job = write_job(tmp_path / "job.yaml", name="bad-row", model=tiny_model, train=bad, storage=tmp_path / "store")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    out = _grpo("run", str(job), cwd=cwd)
+    said = {"null-prompt": f"error: {bad}: row 6: prompt: null, not a list of chat messages {{role, content}} or a "
+                           f"string",
+            "no-ground-truth": f"error: {bad}: column reward_model: none of its 8 rows has a ground_truth, so every "
+                               f"sample would score 0 under the reward.function auto rule for data_source "
+                               f"'openai/gsm8k' (add the answers, or set spec.reward.function to a function that "
+                               f"needs none)"}[case]
+    assert out.returncode == BAD_INPUT_EXIT_CODE and out.stderr.strip().splitlines()[-1] == said, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and "Launching" not in out.stderr, out.stderr[-3000:]
     assert _tree(cwd) == [] and not (tmp_path / "store").exists()
 
 
@@ -298,6 +326,21 @@ def test_grpo_run_names_a_rollout_server_that_cannot_start(tmp_path, tiny_model,
     assert "Traceback" not in out.stderr
     root = run_root(tmp_path / "store", "bad-reward")
     assert not (root / "prompts").exists() and not (root / "checkpoints").exists()
+
+
+@pytest.mark.integration
+def test_grpo_run_ends_with_the_trainers_own_error_and_exit_code(tmp_path, tiny_model, train_data):
+    """Issue 48: under `grpo run` the trainer's one `error:` line is the last line and its code (2: bad
+    input) the exit code; no torchrun report or launcher line follows it."""
+    job = write_job(tmp_path / "job.yaml", name="bad-lora", model=tiny_model, train=train_data,
+                    storage=tmp_path / "store", lora={"rank": 8, "targetModules": ["q_proj", "qkv_proj"]},
+                    rollout={"replicas": 1})
+    out = _grpo("run", str(job), cwd=tmp_path, timeout=300)
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == BAD_INPUT_EXIT_CODE, out.stderr[-3000:]
+    assert last.startswith("error: spec.model.lora.targetModules: 'qkv_proj' names no linear layer"), out.stderr[-3000:]
+    for noise in ("ChildFailedError", "Traceback", "failed (exitcode", "exited with code"):
+        assert noise not in out.stderr, out.stderr[-3000:]
 
 
 def test_grpo_validate_names_a_missing_file(tmp_path):

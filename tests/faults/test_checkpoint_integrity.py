@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from grpo_api.contracts import BAD_INPUT_EXIT_CODE
 from faults_helpers import kill_writer_leaving
 from integration_helpers import child_env, grpo_cli, run_root, run_trainer, start_rollout_servers, write_job
 
@@ -182,12 +183,12 @@ def test_a_swapped_or_truncated_file_is_refused_naming_it(signed_run, tmp_path):
     original = weights.read_bytes()
     shutil.copyfile(ckpts / "step-1" / "__0_0.distcp", weights)
     swapped = _export(ckpts / "step-2", tmp_path / "swapped")
-    assert swapped.returncode == 2, swapped.stderr[-3000:]
+    assert swapped.returncode == BAD_INPUT_EXIT_CODE, swapped.stderr[-3000:]
     assert swapped.stderr.strip() == (f"error: file://{weights}: its sha256 does not match the signed manifest "
                                       f"(changed or replaced since the trainer wrote it); refusing to load the checkpoint")
     weights.write_bytes(original[: len(original) // 2])
     truncated = _export(ckpts / "step-2", tmp_path / "truncated")
-    assert truncated.returncode == 2
+    assert truncated.returncode == BAD_INPUT_EXIT_CODE
     assert truncated.stderr.strip() == (f"error: file://{weights}: {len(original) // 2} bytes, the signed manifest says "
                                         f"{len(original)} (truncated or replaced); refusing to load the checkpoint")
     assert not (tmp_path / "swapped").exists() and not (tmp_path / "truncated").exists()
@@ -201,7 +202,7 @@ def test_a_whole_checkpoint_of_another_step_or_key_is_refused(signed_run, tmp_pa
     shutil.rmtree(ckpts / "step-2")
     shutil.copytree(ckpts / "step-1", ckpts / "step-2")
     rolled_back = _export(ckpts / "step-2", tmp_path / "o")
-    assert rolled_back.returncode == 2
+    assert rolled_back.returncode == BAD_INPUT_EXIT_CODE
     assert rolled_back.stderr.strip() == (f"error: file://{ckpts}/step-2/manifest.json: the manifest is of step 1 "
                                           f"(torch.distributed.checkpoint), not of this folder; refusing to load it")
     job = _job(tmp_path / "job.yaml", tmp_path / "store", tiny_model, train_data)

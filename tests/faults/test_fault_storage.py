@@ -280,4 +280,4 @@ def test_a_run_rides_out_an_s3_outage_and_stops_clearly_when_s3_is_gone(tmp_path
     assert json.loads(storage.read_bytes(f"{root}/progress.json"))["step"] == 4
     assert shard in files                          # the shard the trainer could not read: whole (parsed above)
     assert storage.exists(f"{root}/checkpoints/step-4/manifest.json")
-    assert json.loads(storage.read_bytes(f"{root}/checkpoints/step-4/trainer_state.json"))["step"] == 4
+    assert json.loads(storage.read_bytes(f"{root}/checkpoints/step-4/trainer_state.json"))["trainer"]["step"] == 4

@@ -1,6 +1,7 @@
-"""The trainer dying (issue 12; with PPO's critic, issue 30): SIGKILL in the middle of a step, and a checkpoint whose write
-was cut short. Real processes on CPU: the trainer under torchrun (1 rank, gloo), one `grpo
-rollout` server, file:// storage, the tiny Qwen3 model.
+"""The trainer dying (issue 12; with PPO's critic, issue 30; with LoRA): SIGKILL in the middle of a
+step, and a checkpoint whose write was cut short. Real processes on CPU: the trainer under
+torchrun (2 ranks, gloo), one `grpo rollout` server, file:// storage, the tiny Qwen3 model. This
+is also the resume test of each algorithm family (what a checkpoint must carry: see FAMILIES).
 
 What must hold: the restarted trainer resumes from the latest *complete* checkpoint (one with
 manifest.json), redoes exactly the steps after it with the same prompts in the same order, and
@@ -11,15 +12,20 @@ tests/integration/test_local_run.py::test_ctrl_c_stops_everything_and_a_rerun_re
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import signal
 import subprocess
+import sys
 
+import pyarrow.parquet as pq
 import pytest
 
 from faults_helpers import Hold, accepted_rollouts, kill_tree, prompts_of, trainer_log_tail
-from integration_helpers import (child_env, load_safetensors, read_metrics, run_root, run_trainer,
-                                 start_rollout_servers, trainer_argv, wait_until, write_job)
+from grpo_api.contracts import STOPPED_EXIT_CODE
+from integration_helpers import (child_env, descendants, grpo_cli, load_safetensors, parent, read_metrics, run_root,
+                                 run_trainer, start_rollout_servers, trainer_argv, wait_until, write_job)
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 
@@ -36,38 +42,67 @@ def _sorted_responses(root, step: int) -> list:
     return table.column("response_ids").to_pylist()
 
 
-# PPO: the critic (its weights, optimizer and schedule) is in the checkpoint and resumes with it.
-ALGORITHMS = {"grpo": {}, "ppo": {"algorithm": {"advEstimator": "gae", "lam": 0.95}, "critic": {"lr": 1e-4}}}
+# One kill-and-resume run per algorithm family is the resume test: what a checkpoint must carry
+# for the resumed run to end where an uninterrupted one ends. All: the policy, its optimizer, the
+# LR warmup over the 4 steps (the scheduler's state), the sampler (12 prompts: 3 batches of 4 per
+# epoch, so step 4 starts epoch 1 after the resume), on 2 ranks. PPO: the critic (its weights,
+# optimizer and schedule) and the adaptive coefficient of the KL penalty in the reward, with
+# packed micro-batches (model.useRemovePadding) for the policy, the reference and the critic.
+# LoRA: the adapters and their optimizer state (the base comes from model.path), and the RNG
+# (dropout).
+FAMILIES = {
+    "grpo": {},
+    "ppo": {"algorithm": {"advEstimator": "gae", "lam": 0.95, "useKLInReward": True,
+                          "klCtrl": {"type": "adaptive", "klCoef": 0.05, "targetKl": 1e-4, "horizon": 40}},
+            "critic": {"lr": 1e-3, "lrWarmupSteps": 4}, "model_options": {"useRemovePadding": True}},
+    "lora": {"lora": {"rank": 4, "alpha": 8, "dropout": 0.1}},
+}
+PPO_KEYS = ("critic/values/mean", "critic/vf_loss", "critic/returns/mean", "critic/advantages/std",
+            "actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff")
 
 
-@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
-def test_trainer_killed_mid_step_resumes_from_the_last_complete_checkpoint(algorithm, tmp_path, tiny_model,
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_trainer_killed_mid_step_resumes_from_the_last_complete_checkpoint(family, tmp_path, tiny_model,
                                                                             train_data, token):
     hold = Hold(tmp_path / "hold")
-    common = dict(model=tiny_model, train=train_data, storage=tmp_path / "store", **ALGORITHMS[algorithm],
+    data = tmp_path / "train-12.parquet"
+    pq.write_table(pq.read_table(train_data).slice(0, 12), data)
+    common = dict(model=tiny_model, train=data, storage=tmp_path / "store", **FAMILIES[family],
                   reward={"function": hold.function, "workers": 1, "timeoutSeconds": 600},
                   rollout={"replicas": 1}, weightSync={"backend": "grpc"},
-                  trainer={"nprocPerNode": 1, "totalSteps": STEPS, "saveFreq": 1})    # keepCheckpoints: 2
+                  trainer={"totalSteps": STEPS, "saveFreq": 1, "lrWarmupSteps": 4})    # keepCheckpoints: 2
     job = write_job(tmp_path / "job.yaml", name="killed", **common)
     reference_job = write_job(tmp_path / "reference.yaml", name="reference", **common)
     root, reference = run_root(tmp_path / "store", "killed"), run_root(tmp_path / "store", "reference")
     (server,) = start_rollout_servers(job, token, 1, tmp_path)
     try:
-        # 1. SIGKILL the trainer (torchrun and its rank) while step 3's Generate is in flight:
-        #    the server is held at its first reward call of step 3.
+        # 1. SIGKILL torchrun's agent while step 3's Generate is in flight (the server is held at
+        #    its first reward call of step 3): its ranks die with it (issue 48: none is left
+        #    retrying its rollout server, or writing into the run).
         hold.arm(server.proc.pid, after=2 * CALLS_PER_STEP)
-        log_path = tmp_path / "killed.log"
+        log_path, ranks = tmp_path / "killed.log", []
         with open(log_path, "wb") as out:
-            trainer = subprocess.Popen(trainer_argv(job, server.address, 1), stdout=out, stderr=subprocess.STDOUT,
+            trainer = subprocess.Popen(trainer_argv(job, server.address, 2), stdout=out, stderr=subprocess.STDOUT,
                                        env=child_env(GRPO_RPC_TOKEN=token), cwd=tmp_path, start_new_session=True)
         try:
             hold.wait_holding(server.proc.pid, 300, also=lambda: trainer.poll() is not None)
-            kill_tree(trainer.pid)
+            if family == "grpo":
+                # meanwhile a second trainer of the same run is refused, naming the first one
+                second = run_trainer(job, rollout=server.address, token=token, nproc=1,
+                                     log_path=tmp_path / "second.log")
+                # (plain torchrun exits 1; the rank's own code is 2: bad input, which fails a job at once)
+                assert second.returncode != 0 and re.search(r"exitcode\s*: 2 ", second.output), second.output[-4000:]
+                assert re.search(r"^error: another trainer is writing the run file://.*/killed \(host \S+, pid "
+                                 r"\d+, job uid -;", second.output, flags=re.M), second.output[-4000:]
+            ranks += [pid for pid in descendants(trainer.pid) if parent(pid) == trainer.pid]
+            assert len(ranks) == 2, ranks
+            os.kill(trainer.pid, signal.SIGKILL)
             trainer.wait()
+            wait_until(lambda: not set(ranks) & set(descendants(1)), 60, what="the ranks to die with their agent")
         finally:
-            if trainer.poll() is None:
-                kill_tree(trainer.pid)
-                trainer.wait()
+            for pid in [trainer.pid, *ranks]:
+                kill_tree(pid)
+            trainer.wait()
         hold.release()
         assert _complete(root) == [1, 2], trainer_log_tail(log_path)
         assert [r["step"] for r in read_metrics(root)] == [1, 2]
@@ -83,7 +118,7 @@ def test_trainer_killed_mid_step_resumes_from_the_last_complete_checkpoint(algor
         assert _complete(root) == [1, 2]
 
         # 3. Restart: resume: auto takes step 2, the latest complete checkpoint.
-        resumed = run_trainer(job, rollout=server.address, token=token, nproc=1, log_path=tmp_path / "resumed.log")
+        resumed = run_trainer(job, rollout=server.address, token=token, log_path=tmp_path / "resumed.log")
         assert resumed.returncode == 0, resumed.output[-8000:]
         assert f"Resumed from file://{root}/checkpoints/step-2 (step 2, policy version 2)" in resumed.output
         assert "Step 1 / " not in resumed.output and "Step 2 / " not in resumed.output   # kept, not redone
@@ -93,7 +128,7 @@ def test_trainer_killed_mid_step_resumes_from_the_last_complete_checkpoint(algor
         assert progress["resumedFromStep"] == 2 and progress["resumedAt"].endswith("Z"), progress
 
         # 4. The same job without a fault, on the same server.
-        straight = run_trainer(reference_job, rollout=server.address, token=token, nproc=1,
+        straight = run_trainer(reference_job, rollout=server.address, token=token,
                                log_path=tmp_path / "reference.log")
         assert straight.returncode == 0, straight.output[-8000:]
         assert "resumedFromStep" not in json.loads((reference / "progress.json").read_text())
@@ -101,24 +136,33 @@ def test_trainer_killed_mid_step_resumes_from_the_last_complete_checkpoint(algor
         hold.release()
         server.stop()
 
-    # the same prompts in the same order, step by step (step 3 also as the killed run sent it)
+    # the same prompts in the same order, step by step (step 3 also as the killed run sent it);
+    # step 4 is the first batch of epoch 1: a fresh permutation of the same 12 prompts
+    uids = [prompts_of(root, step).column("uid").to_pylist() for step in range(1, STEPS + 1)]
+    assert all(u.startswith("0-") for s in uids[:3] for u in s) and all(u.startswith("1-") for u in uids[3])
     for step in range(1, STEPS + 1):
-        assert prompts_of(root, step).column("uid").to_pylist() == \
-            prompts_of(reference, step).column("uid").to_pylist(), step
+        assert uids[step - 1] == prompts_of(reference, step).column("uid").to_pylist(), step
         assert _sorted_responses(root, step) == _sorted_responses(reference, step), step
-    assert killed_step3_uids == prompts_of(reference, 3).column("uid").to_pylist()
-    # each step logged once; the same learning curve
+        assert set(accepted_rollouts(root, step).column("policy_version").to_pylist()) == {step - 1}
+    assert killed_step3_uids == uids[2]
+    # each step logged once; the same learning curve, and the schedules went on where they were
     got, want = read_metrics(root), read_metrics(reference)
     assert [r["step"] for r in got] == list(range(1, STEPS + 1))
+    assert [r["actor/lr"] for r in got] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
     for a, b in zip(got, want):
         assert a["critic/score/mean"] == pytest.approx(b["critic/score/mean"]), a["step"]
         assert a["actor/pg_loss"] == pytest.approx(b["actor/pg_loss"], rel=1e-4, abs=1e-6), a["step"]
-        if algorithm == "ppo":   # the critic resumed too: the same values and value loss
-            assert a["critic/vf_loss"] == pytest.approx(b["critic/vf_loss"], rel=1e-4, abs=1e-6), a["step"]
-            assert a["critic/values/mean"] == pytest.approx(b["critic/values/mean"], rel=1e-4, abs=1e-6), a["step"]
+    if family == "ppo":
+        # a critic started afresh at step 3 (a new value head) would value and learn differently
+        assert [r["critic/lr"] for r in got] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
+        coefficients = [r["actor/reward_kl_penalty_coeff"] for r in got]
+        assert coefficients[0] == 0.05 and len(set(coefficients)) == STEPS, coefficients   # it adapts every step
+        for a, b in zip(got, want):
+            for key in PPO_KEYS:
+                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (key, a["step"])
     # the partial checkpoint was never used, and step 3's real one replaced it
     assert _complete(root) == [3, 4]
-    assert json.loads((partial / "trainer_state.json").read_text())["step"] == 3
+    assert json.loads((partial / "trainer_state.json").read_text())["trainer"]["step"] == 3
     import torch
     final, expected = load_safetensors(root / "hf" / f"step-{STEPS}"), load_safetensors(reference / "hf" / f"step-{STEPS}")
     for name in expected:
@@ -128,7 +172,10 @@ def test_trainer_killed_mid_step_resumes_from_the_last_complete_checkpoint(algor
 def test_a_stop_while_the_rollout_servers_are_gone_ends_the_trainer_at_once(tmp_path, tiny_model, train_data, token):
     """A GRPOJob deleted mid-run may lose its rollout pods before its trainer: the step in flight
     can't finish, so on SIGTERM the trainer stops itself (it used to wait on the servers until
-    the grace period's SIGKILL). The server dies after step 1; the request timeout is 600 s."""
+    the grace period's SIGKILL). The server dies after step 1; the request timeout is 600 s.
+    The trainer runs as in a pod, under `grpo trainer --torchrun`: a stop on SIGTERM exits
+    STOPPED_EXIT_CODE, which the trainer Job's pod failure policy ignores (issue 48: `kubectl
+    delete pod` used one of the job's restarts)."""
     job = write_job(tmp_path / "job.yaml", name="orphaned", model=tiny_model, train=train_data,
                     storage=tmp_path / "store", rollout={"replicas": 1, "requestTimeoutSeconds": 600},
                     weightSync={"backend": "grpc"}, trainer={"nprocPerNode": 1, "totalSteps": 50, "saveFreq": 1})
@@ -136,7 +183,8 @@ def test_a_stop_while_the_rollout_servers_are_gone_ends_the_trainer_at_once(tmp_
     (server,) = start_rollout_servers(job, token, 1, tmp_path)
     log_path = tmp_path / "trainer.log"
     with open(log_path, "wb") as out:
-        trainer = subprocess.Popen(trainer_argv(job, server.address, 1), stdout=out, stderr=subprocess.STDOUT,
+        pod_argv = [*grpo_cli(), "trainer", "--torchrun", *trainer_argv(job, server.address, 1)[3:]]
+        trainer = subprocess.Popen(pod_argv, stdout=out, stderr=subprocess.STDOUT,
                                    env=child_env(GRPO_RPC_TOKEN=token), cwd=tmp_path, start_new_session=True)
     try:
         wait_until(lambda: (root / "checkpoints" / "step-1" / "manifest.json").exists()
@@ -153,4 +201,38 @@ def test_a_stop_while_the_rollout_servers_are_gone_ends_the_trainer_at_once(tmp_
         server.stop()
     log = trainer_log_tail(log_path)
     assert "Stopping on SIGTERM during step" in log and "a resume redoes it from" in log, log
-    assert trainer.returncode != 0, log
+    assert trainer.returncode == STOPPED_EXIT_CODE, log
+    assert log.strip().splitlines()[-1] == "trainer stopped by SIGTERM", log
+
+
+def test_the_pods_launcher_exits_stopped_for_a_stop_and_only_for_a_stop(tmp_path):
+    """Issue 48: `grpo trainer --torchrun` (the trainer pod's command) exits STOPPED_EXIT_CODE,
+    which the trainer Job's pod failure policy ignores, when it is told to stop (SIGTERM), even
+    while its ranks are still setting up, and when its ranks stopped because another node's pod
+    was (they exit with that code); SIGINT is no Kubernetes stop: 128+2, as before. A trivial
+    worker stands in for the trainer: what is checked is the launcher."""
+    def launch(worker: str) -> subprocess.Popen:
+        return subprocess.Popen([*grpo_cli(), "trainer", "--torchrun", "--standalone", "--nproc-per-node=1",
+                                 "--no-python", sys.executable, "-c", worker], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=child_env())
+
+    started = tmp_path / "started"
+    setting_up = f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); time.sleep(600)"
+    for sig, code, said in ((signal.SIGTERM, STOPPED_EXIT_CODE, "trainer stopped by SIGTERM"),
+                            (signal.SIGINT, 128 + signal.SIGINT, "trainer stopped by SIGINT")):
+        started.unlink(missing_ok=True)
+        proc = launch(setting_up)
+        try:
+            wait_until(lambda: started.exists() or proc.poll() is not None, 120, what="the worker")
+            proc.send_signal(sig)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                kill_tree(proc.pid)
+                proc.wait()
+        assert proc.returncode == code and err.strip().splitlines()[-1] == said, (sig, proc.returncode, err[-3000:])
+
+    proc = launch(f"raise SystemExit({STOPPED_EXIT_CODE})")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == STOPPED_EXIT_CODE, err[-3000:]
+    assert err.strip().splitlines()[-1] == "trainer stopped: rank 0 stopped on a stop request (see its log)", err[-3000:]

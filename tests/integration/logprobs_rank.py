@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from grpo_api.spec import CriticSpec, ModelSpec
+from grpo_trainer import lora
 from grpo_trainer import model as M
 from grpo_trainer.actor import forward_logprobs
 from grpo_trainer.batch import Sample, collate
@@ -114,10 +115,11 @@ def main() -> None:
             report["tied/head-is-embedding"] = fused.lm_head.weight is fused.model.embed_tokens.weight
     spec = ModelSpec.model_validate({"path": untied, "lora": {"rank": 4, "alpha": 8}})
     torch.manual_seed(0)      # the same new adapters (A from torch's RNG) in both
-    lora_fused = M.build_policy(spec, CPU)
+    lora_fused = M.build_policy(spec, CPU, wrap=lora.wrapper(spec))
     assert fused_head(lora_fused) is not None       # PEFT's all-linear leaves the LM head alone
     torch.manual_seed(0)
-    lora_plain = M.build_policy(spec.model_copy(update={"use_fused_kernels": False}), CPU)
+    plain_spec = spec.model_copy(update={"use_fused_kernels": False})
+    lora_plain = M.build_policy(plain_spec, CPU, wrap=lora.wrapper(plain_spec))
     # B starts at 0: move it so that the adapters change the log-probs and every gradient shows.
     for model in (lora_fused, lora_plain):
         with torch.no_grad():

@@ -88,7 +88,7 @@ def test_only_the_adapters_train(lora_run, tiny_model):
             assert torch.equal(final[name], base[name]), name        # embeddings, norms: frozen
     # The checkpoint: adapters (and their optimizer state) only, no base weight.
     ckpt = lora_run.root / "checkpoints" / "step-2"
-    names = json.loads((ckpt / "trainer_state.json").read_text())["lora_config"]
+    names = json.loads((ckpt / "trainer_state.json").read_text())["trainer"]["lora_config"]
     assert names["r"] == 8 and names["lora_alpha"] == 16
     from torch.distributed.checkpoint import FileSystemReader
     keys = FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata   # our own file: its pickle is ours

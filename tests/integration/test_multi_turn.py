@@ -44,8 +44,10 @@ def lookup_job(tmp, name, model, train, *, lr, steps, tools=("grpo_rollout.tool_
         data={"trainBatchSize": 64, "maxPromptLength": 24, "maxResponseLength": 14},
         algorithm={"useKLLoss": False},
         reward={"function": "grpo_rollout.tool_task:compute_score"},
-        rollout={"n": 8, "replicas": 1, "multiTurn": {"enable": True, "tools": list(tools), "maxAssistantTurns": 3,
-                                                      "toolTimeoutSeconds": timeout}},
+        # calculateLogProbs: the records keep the behaviour log-probs (test_records_hold_the_whole_trajectory...)
+        rollout={"n": 8, "replicas": 1, "calculateLogProbs": True,
+                 "multiTurn": {"enable": True, "tools": list(tools), "maxAssistantTurns": 3,
+                               "toolTimeoutSeconds": timeout}},
         trainer={"nprocPerNode": 1, "miniBatchSize": 64, "microBatchSizePerGPU": 256, "lr": lr, "totalSteps": steps})
 
 
@@ -116,20 +118,24 @@ def test_records_hold_the_whole_trajectory_and_its_mask(runs):
     assert 0 < step["tool_calls/mean"] <= 2 and step["tool_calls/errors"] == 0
 
 
-@pytest.mark.parametrize("tool", ["explode", "hang"])
-def test_a_failing_tool_does_not_stop_the_run(lookup_task, tmp_path, tool):
-    """A `lookup` that raises, or never answers (timeout 1 s): every step completes, the calls
-    carry their error, and the reward is 0 for them (the lookup never succeeded)."""
+def test_failing_tools_do_not_stop_the_run(lookup_task, tmp_path):
+    """A `lookup` that raises (odd digits) or never answers (even digits; timeout 1 s), in one run:
+    every step completes, each call carries its own error, and the reward is 0 for them (the
+    lookup never succeeded)."""
     model, train = lookup_task
     path = tmp_path / "broken_tools.py"
-    body = "raise RuntimeError('down')" if tool == "explode" else "import time; time.sleep(60); return ''"
-    path.write_text(f"def lookup(*, digit: str) -> str:\n    \"\"\"Broken.\"\"\"\n    {body}\n")
-    job = lookup_job(tmp_path, f"broken-{tool}", model, train, lr=2e-3, steps=2, tools=(f"{path}:lookup",), timeout=1.0)
-    root = run_job(job, tmp_path, f"broken-{tool}")
+    path.write_text("import time\n\n\ndef lookup(*, digit: str) -> str:\n    \"\"\"Broken.\"\"\"\n"
+                    "    if int(digit) % 2:\n        raise RuntimeError('down')\n    time.sleep(60)\n    return ''\n")
+    job = lookup_job(tmp_path, "broken", model, train, lr=2e-3, steps=2, tools=(f"{path}:lookup",), timeout=1.0)
+    root = run_job(job, tmp_path, "broken")
     assert [r["step"] for r in read_metrics(root)] == [1, 2]
     rows = read_step_tables(root, "rollouts", 1).to_pylist()
-    calls = [c for r in rows for c in json.loads(r["agent"])["tool_calls"]]
-    assert calls and all(c["error"] == ("crash" if tool == "explode" else "timeout") for c in calls)
+    # the tool's digit is the row's (its tools_kwargs), which is also the row's ground truth
+    calls = [(c, "crash" if int(r["ground_truth"]) % 2 else "timeout")
+             for r in rows for c in json.loads(r["agent"])["tool_calls"]]
+    assert {"crash", "timeout"} <= {want for _, want in calls}, calls
+    assert [c["error"] for c, _ in calls] == [want for _, want in calls]
+    calls = [c for c, _ in calls]
     assert all(r["reward"] == 0.0 for r in rows if json.loads(r["agent"])["tool_calls"])
     assert read_metrics(root)[0]["tool_calls/errors"] == len(calls)
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from grpo_api.contracts import BAD_INPUT_EXIT_CODE
 from integration_helpers import child_env, grpo_cli
 
 pytestmark = pytest.mark.integration
@@ -85,7 +86,7 @@ def test_bad_input_is_one_error_line(resumed_run, tmp_path):
     for args, env, says in cases:
         res = replay(run, *args, **env)
         lines = res.stderr.strip().splitlines()
-        assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], \
+        assert res.returncode == BAD_INPUT_EXIT_CODE and len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], \
             (args, res.stdout, res.stderr)
 
 

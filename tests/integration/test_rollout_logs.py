@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from grpo_api.contracts import BAD_INPUT_EXIT_CODE
 from integration_helpers import RolloutServer, child_env, grpo_cli, wait_until, write_job
 
 pytestmark = pytest.mark.integration
@@ -41,6 +42,6 @@ def test_a_rollout_server_that_fails_to_start_keeps_its_error(tmp_path, tiny_mod
     proc = subprocess.run([*grpo_cli(), "rollout", "--spec", str(job), "--port", "0", "--metrics-port", "-1",
                            "--device", "cpu"], capture_output=True, text=True, timeout=300,
                           env=child_env(GRPO_RPC_TOKEN=secrets.token_hex(16), GRPO_LOG_URI=f"file://{kept}"))
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.returncode == BAD_INPUT_EXIT_CODE, proc.stdout + proc.stderr
     wait_until(kept.exists, 10, what="the kept log")
     assert "no-such-model" in kept.read_text() and "no-such-model" in proc.stdout + proc.stderr

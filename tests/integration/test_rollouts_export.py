@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from grpo_api.contracts import BAD_INPUT_EXIT_CODE
 from integration_helpers import child_env, grpo_cli, run_root, run_trainer, start_rollout_servers, write_job
 
 pytestmark = pytest.mark.integration
@@ -182,14 +183,14 @@ def test_a_step_in_progress_is_skipped(run, tmp_path):
 def test_a_bad_run_is_one_error_line(tmp_path, finished_run):
     for run, says in [(tmp_path / "nowhere", "not a run"), ("ftp://host/run", "unsupported URI")]:
         res = export(run, "-o", tmp_path / "x.parquet", "--no-text")
-        assert res.returncode == 2, res
+        assert res.returncode == BAD_INPUT_EXIT_CODE, res
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], res.stderr
         assert not (tmp_path / "x.parquet").exists()
     res = export(finished_run, "--steps", "3:1", "-o", tmp_path / "x.parquet")
-    assert res.returncode == 2 and res.stderr.startswith("error: --steps"), res.stderr
+    assert res.returncode == BAD_INPUT_EXIT_CODE and res.stderr.startswith("error: --steps"), res.stderr
     res = export(finished_run, "--tokenizer", tmp_path / "no-tokenizer", "-o", tmp_path / "x.parquet")
-    assert res.returncode == 2 and res.stderr.startswith("error: can't load a tokenizer"), res.stderr
+    assert res.returncode == BAD_INPUT_EXIT_CODE and res.stderr.startswith("error: can't load a tokenizer"), res.stderr
     assert not (tmp_path / "x.parquet").exists()
 
 
@@ -197,7 +198,7 @@ def test_the_tokenizer_comes_from_the_runs_job_file_else_is_asked_for(run, tiny_
     shutil.rmtree(run / "checkpoints")
     out = tmp_path / "x.jsonl"
     res = export(run, "-o", out, "--steps", "1")
-    assert res.returncode == 2 and "records no model" in res.stderr and "--tokenizer" in res.stderr, res.stderr
+    assert res.returncode == BAD_INPUT_EXIT_CODE and "records no model" in res.stderr and "--tokenizer" in res.stderr, res.stderr
     assert not out.exists()
     # `grpo run` keeps the resolved job in <run>/job.yaml.
     (run / "job.yaml").write_text(json.dumps({"spec": {"model": {"path": str(tiny_model)}}}))
@@ -230,4 +231,4 @@ def test_export_from_s3(finished_run, s3_server, tmp_path):
     res = subprocess.run([*grpo_cli(), "rollouts", "export", f"s3://{prefix}", "--endpoint", s3_server.endpoint,
                           "--no-text", "-o", str(out)], capture_output=True, text=True,
                          env={k: v for k, v in child_env().items() if not k.startswith("AWS_")}, timeout=300)
-    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "AWS_ACCESS_KEY_ID" in res.stderr, res.stderr
+    assert res.returncode == BAD_INPUT_EXIT_CODE and res.stderr.count("\n") == 1 and "AWS_ACCESS_KEY_ID" in res.stderr, res.stderr

@@ -163,7 +163,7 @@ def same(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> bool:
 
 
 def checkpoint_trackers(root: Path, step: int) -> dict[str, str]:
-    return json.loads((root / "checkpoints" / f"step-{step}" / "trainer_state.json").read_text())["trackers"]
+    return json.loads((root / "checkpoints" / f"step-{step}" / "trainer_state.json").read_text())["metrics"]["trackers"]
 
 
 # --- the W&B run files, read with wandb's own record schema ------------------------------------------

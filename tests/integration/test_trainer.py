@@ -8,7 +8,8 @@
 - a fresh trainer facing rollout servers at a later policy version (a restart before the first
   checkpoint) and a rollout server down for a few steps (faults): the run goes on;
 - `data.truncation: error` stops before step 1 naming the file and row;
-- trainer.saveBest: the best step's checkpoint survives keepCheckpoints, and hf/best is its policy;
+- trainer.saveBest on a real run: progress.json's bestStep, the best step's checkpoint kept, hf/best
+  (which step is the best, rotation and hf/best's weights: tests/unit/test_save_best.py);
 - algorithm.rolloutCorrection: the weights between the trainer's old policy and the engine's;
 - the exported model, and `grpo export` of a checkpoint, load with from_pretrained and generate.
 """
@@ -54,7 +55,8 @@ def two_rank_run(tmp_path_factory, tiny_model, quickstart_data, dense_reward):
     token = secrets.token_hex(16)
     job = write_job(tmp / "job.yaml", name="two-rank", model=tiny_model, train=quickstart_data[0],
                     storage=tmp / "store", reward={"function": dense_reward},
-                    trainer={"totalSteps": STEPS, "saveFreq": 2},
+                    trainer={"totalSteps": STEPS, "saveFreq": 2,
+                             "saveBest": {"metric": "critic/score/mean", "mode": "max"}},
                     weightSync={"backend": "nccl"})
     servers = start_rollout_servers(job, token, 2, tmp)
     try:
@@ -264,127 +266,67 @@ def _redispatched(root: Path) -> int:
     return rows[-1].get("rollout/redispatched_shards", 0) if rows else 0
 
 
-# --- resume: 4 steps straight == 2 steps + resume + 2 steps (weightSync grpc) -----------------
+# Resume (policy, optimizer, schedules, sampler, PPO's critic and KL controller, LoRA's adapters
+# and RNG) is tested by one kill-and-resume run per algorithm family:
+# tests/faults/test_fault_trainer.py::test_trainer_killed_mid_step_resumes_from_the_last_complete_checkpoint.
 
-def _resume_run(tmp: Path, name: str, model, data, reward, steps_then: list[int], **sections) -> Path:
-    """Run the job to each total in `steps_then` in turn (resume: auto), every run with fresh
-    rollout servers (as a re-run or a restarted pod has); returns the run root. LR warmup over
-    the 4 steps (the scheduler's state matters) and 3 steps per epoch (step 4 starts epoch 1,
-    after the resume)."""
-    job = write_job(tmp / f"{name}.yaml", name=name, model=model, train=data, storage=tmp / "store",
-                    reward={"function": reward},
-                    trainer={"totalSteps": steps_then[-1], "saveFreq": 2, "lrWarmupSteps": 4},
-                    weightSync={"backend": "grpc"}, **sections)
-    for k, total in enumerate(steps_then):
-        token = secrets.token_hex(16)
-        logs = tmp / f"{name}-{k}"
-        logs.mkdir()
-        servers = start_rollout_servers(job, token, 2, logs)
-        try:
-            result = run_trainer(job, rollout=",".join(s.address for s in servers), token=token,
-                                 overrides=(f"trainer.totalSteps={total}",), log_path=logs / "trainer.log")
-        finally:
-            for s in servers:
-                s.stop()
-        assert result.returncode == 0, result.output[-8000:]
-        if k > 0:
-            assert "Resumed from" in result.output and f"checkpoints/step-{steps_then[k - 1]}" in result.output
-    return run_root(tmp / "store", name)
+# --- trainer.saveBest on the two-rank run (its logic: tests/unit/test_save_best.py) -------------------
 
-
-# PPO: the critic (its weights, optimizer and LR schedule) is part of the checkpoint too, and so
-# is the adaptive coefficient of the KL penalty in the reward.
-# And packed micro-batches (model.useRemovePadding) for the policy, the reference and the critic.
-PPO = {"algorithm": {"advEstimator": "gae", "lam": 0.95, "useKLInReward": True,
-                     "klCtrl": {"type": "adaptive", "klCoef": 0.05, "targetKl": 1e-4, "horizon": 40}},
-       "critic": {"lr": 1e-3, "lrWarmupSteps": 4}, "model_options": {"useRemovePadding": True}}
-
-
-# LoRA: the adapters and their optimizer state are the checkpoint; the base comes from model.path.
-LORA = {"lora": {"rank": 4, "alpha": 8, "dropout": 0.1}}   # dropout: the RNG state matters too
-
-
-@pytest.mark.parametrize("sections", [{}, PPO, LORA], ids=["grpo", "ppo", "lora"])
-def test_resume_equivalence(tmp_path, tiny_model, quickstart_data, dense_reward, sections):
+def test_the_best_steps_checkpoint_is_kept_and_exported_as_hf_best(two_rank_run):
+    """Ranked by the step's mean reward (a metric every step has); the status reports the best step."""
     import torch
-    data = tmp_path / "train-12.parquet"          # 12 prompts: 3 batches of 4 per epoch
-    pq.write_table(pq.read_table(quickstart_data[0]).slice(0, 12), data)
-    straight = _resume_run(tmp_path, "straight", tiny_model, data, dense_reward, [4], **sections)
-    resumed = _resume_run(tmp_path, "resumed", tiny_model, data, dense_reward, [2, 4], **sections)
-    # step 4 is the first batch of epoch 1: a fresh permutation of the same 12 prompts
-    uids = [read_step_tables(resumed, "prompts", s).column("uid").to_pylist() for s in range(1, 5)]
-    assert all(u.startswith("0-") for s in uids[:3] for u in s) and all(u.startswith("1-") for u in uids[3])
-    for step in range(1, 5):
-        a = read_step_tables(straight, "prompts", step)
-        b = read_step_tables(resumed, "prompts", step)
-        assert a.column("uid").to_pylist() == b.column("uid").to_pylist(), step
-        ra = read_step_tables(straight, "rollouts", step).sort_by([("prompt_index", "ascending"),
-                                                                  ("sample_index", "ascending")])
-        rb = read_step_tables(resumed, "rollouts", step).sort_by([("prompt_index", "ascending"),
-                                                                 ("sample_index", "ascending")])
-        assert ra.column("response_ids").to_pylist() == rb.column("response_ids").to_pylist(), step
-        assert set(rb.column("policy_version").to_pylist()) == {step - 1}
-    ma, mb = read_metrics(straight), read_metrics(resumed)
-    assert [r["step"] for r in mb] == [1, 2, 3, 4]
-    assert [r["actor/lr"] for r in mb] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
-    for ra, rb in zip(ma, mb):
-        assert ra["critic/score/mean"] == pytest.approx(rb["critic/score/mean"]), ra["step"]
-        assert ra["actor/pg_loss"] == pytest.approx(rb["actor/pg_loss"], rel=1e-4, abs=1e-6), ra["step"]
-    if "critic" in sections:
-        # a critic started afresh at step 3 (a new value head) would value and learn differently
-        assert [r["critic/lr"] for r in mb] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
-        coefficients = [r["actor/reward_kl_penalty_coeff"] for r in mb]
-        assert coefficients[0] == 0.05 and len(set(coefficients)) == 4, coefficients   # it adapts every step
-        for ra, rb in zip(ma, mb):
-            for key in ("critic/values/mean", "critic/vf_loss", "critic/returns/mean", "critic/advantages/std",
-                        "actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff"):
-                assert ra[key] == pytest.approx(rb[key], rel=1e-4, abs=1e-6), (key, ra["step"])
-    wa, wb = load_safetensors(straight / "hf" / "step-4"), load_safetensors(resumed / "hf" / "step-4")
-    for name in wa:
-        torch.testing.assert_close(wa[name], wb[name], rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
-
-
-# --- trainer.saveBest: the best step's checkpoint outlives the rotation, and is hf/best ------------
-
-def _run_with_one_server(job: Path, tmp: Path) -> None:
-    """The job to the end on 2 ranks, against one fresh rollout server."""
-    token = secrets.token_hex(16)
-    (server,) = start_rollout_servers(job, token, 1, tmp)
-    try:
-        result = run_trainer(job, rollout=server.address, token=token)
-    finally:
-        server.stop()
-    assert result.returncode == 0, result.output[-8000:]
-
-
-def test_the_best_steps_checkpoint_is_kept_and_exported_as_hf_best(tmp_path, tiny_model, quickstart_data,
-                                                                   dense_reward):
-    """Ranked by the step's mean reward (a metric every step has); a checkpoint every step, one kept."""
-    import json
-
-    import torch
-    job = write_job(tmp_path / "job.yaml", name="best", model=tiny_model, train=quickstart_data[0],
-                    storage=tmp_path / "store", reward={"function": dense_reward},
-                    trainer={"totalSteps": 6, "saveFreq": 1, "keepCheckpoints": 1,
-                             "saveBest": {"metric": "critic/score/mean", "mode": "max"}})
-    _run_with_one_server(job, tmp_path)
-    root = run_root(tmp_path / "store", "best")
+    root = two_rank_run.root
     rewards = [r["critic/score/mean"] for r in read_metrics(root)]
     best = 1 + rewards.index(max(rewards))             # the first step to reach the maximum
     progress = json.loads((root / "progress.json").read_text())
     assert (progress["bestStep"], progress["bestScore"]) == (best, pytest.approx(max(rewards)))
+    assert progress["rewardErrorFraction"] == 0.0 and "toolErrorFraction" not in progress   # no failure, no tool
+    # keepCheckpoints 2 (the default): the last two, and the best whatever its age
     kept = sorted(p.name for p in (root / "checkpoints").iterdir())
-    assert kept == sorted({f"step-{best}", "step-6"}), (kept, rewards)
-    out = tmp_path / "exported"
-    proc = subprocess.run([*grpo_cli(), "export", str(root / "checkpoints" / f"step-{best}"), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, env=child_env())
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    at_best, hf_best = load_safetensors(out), load_safetensors(root / "hf" / "best")
-    common = at_best.keys() & hf_best.keys()
-    assert len(common) >= len(hf_best) - 1 and all(torch.equal(at_best[k], hf_best[k]) for k in common)
-    if best != 6:   # the final policy moved on
-        final = load_safetensors(root / "hf" / "step-6")
-        assert any(not torch.equal(final[k], hf_best[k]) for k in final)
+    assert kept == sorted({f"step-{best}", "step-2", f"step-{STEPS}"}), (kept, rewards)
+    hf_best, final = load_safetensors(root / "hf" / "best"), load_safetensors(root / "hf" / f"step-{STEPS}")
+    assert hf_best.keys() == final.keys()
+    # the final policy is the best's only if the last step is the best (every step moves the weights)
+    assert all(torch.equal(hf_best[k], final[k]) for k in final) == (best == STEPS)
+
+
+# --- one rollout server shared by the runs below (they change only what the trainer does) --------
+
+@pytest.fixture(scope="module")
+def one_server(tmp_path_factory, tiny_model, quickstart_data, dense_reward):
+    """A rollout server for runs of the tiny model with the dense reward; each run's trainer
+    brings it to its own policy first (a fresh trainer publishes version 0 to a server ahead)."""
+    tmp = tmp_path_factory.mktemp("one-server")
+    job = write_job(tmp / "server.yaml", name="server", model=tiny_model, train=quickstart_data[0],
+                    storage=tmp / "store", reward={"function": dense_reward})
+    (server,) = start_rollout_servers(job, secrets.token_hex(16), 1, tmp)
+    yield server
+    server.stop()
+
+
+def _run_on(server, job: Path) -> None:
+    """The job to the end on 2 ranks, against the shared rollout server."""
+    result = run_trainer(job, rollout=server.address, token=server.token)
+    assert result.returncode == 0, result.output[-8000:]
+
+
+def test_val_only_validates_the_loaded_policy_and_exits_without_training(one_server, tmp_path, tiny_model,
+                                                                        quickstart_data, dense_reward):
+    """trainer.valOnly (verl: trainer.val_only): one validation over the whole val set, its score
+    logged and in progress.json; no step, no checkpoint, no export."""
+    job = write_job(tmp_path / "job.yaml", name="val-only", model=tiny_model, train=quickstart_data[0],
+                    val=quickstart_data[1], storage=tmp_path / "store", reward={"function": dense_reward},
+                    trainer={"valOnly": True, "saveFreq": 1})
+    _run_on(one_server, job)
+    root = run_root(tmp_path / "store", "val-only")
+    rows = read_metrics(root)
+    assert [r["step"] for r in rows] == [0] and "val/score" in rows[0]
+    assert rows[0]["val/reward_errors/exception"] == 0          # validation counts its reward failures too
+    assert not any(k.startswith("actor/") for k in rows[0])
+    assert read_step_tables(root, "rollouts", 0, prefix="val0").num_rows == 8     # the whole val set, once
+    progress = json.loads((root / "progress.json").read_text())
+    assert progress["step"] == 0 and progress["validationScore"] == pytest.approx(rows[0]["val/score"])
+    assert not list((root / "checkpoints").glob("step-*")) and not (root / "hf").exists()
 
 
 # --- algorithm.rolloutCorrection: TIS / MIS weights between the trainer's old policy and the engine's --
@@ -394,8 +336,9 @@ CORRECTION = {"rolloutIs": "token", "rolloutIsThreshold": 2.0, "rolloutRs": ["to
 
 @pytest.mark.parametrize("staleness, correction", [(0, CORRECTION), (1, CORRECTION), (0, {"bypassMode": True})],
                          ids=["sync", "one-step-off", "bypass"])
-def test_rollout_correction_weights_the_tokens_by_the_engines_mismatch(tmp_path, tiny_model, quickstart_data,
-                                                                        dense_reward, staleness, correction):
+def test_rollout_correction_weights_the_tokens_by_the_engines_mismatch(one_server, tmp_path, tiny_model,
+                                                                        quickstart_data, dense_reward, staleness,
+                                                                        correction):
     """On CPU the engine and the trainer compute in float32: synchronously their log-probs agree
     (weights 1, nothing rejected); one step off-policy the engine's policy is one update behind."""
     job = write_job(tmp_path / "job.yaml", name="corr", model=tiny_model, train=quickstart_data[0],
@@ -403,7 +346,7 @@ def test_rollout_correction_weights_the_tokens_by_the_engines_mismatch(tmp_path,
                     algorithm={"rolloutCorrection": correction},
                     trainer={"totalSteps": 3, "miniBatchSize": 2, "microBatchSizePerGPU": 4},   # two updates a step
                     rollout={"maxStaleness": staleness})
-    _run_with_one_server(job, tmp_path)
+    _run_on(one_server, job)
     rows = read_metrics(run_root(tmp_path / "store", "corr"))
     if "bypassMode" in correction:      # the engine's log-probs are the old policy: nothing recomputed
         assert all(r["timing_s/old_log_prob"] == 0 and "rollout_corr/rollout_is_mean" not in r for r in rows)

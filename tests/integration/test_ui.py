@@ -5,7 +5,8 @@ test_replay.py. `grpo ui` runs as a subprocess on a free port.
 
 - the overview draws the curves (uPlot canvases) from metrics.jsonl, lists the steps from the
   rollouts folder and says step 1 was deleted by retention;
-- a step page lists its 4 groups of 4 responses, every response token shaded, and GRPO's
+- a step page lists its 4 groups of 4 responses, every response token (unshaded: an on-policy run
+  records no behaviour log-probs), and GRPO's
   advantages as (r - mean) / (std + 1e-6) of the group's rewards (float64, by hand here);
 - the reward and text filters show what a hand filter of the step's shards selects;
 - one prompt's responses across steps 2 and 3;
@@ -149,14 +150,18 @@ def test_the_run_page_in_chromium(resumed_run, tiny_model, browser, ui, capsys):
     assert [a.text for a in browser.find_elements("css selector", "#steps a")] == ["step 3", "step 2"]
     shots.append(screenshot(browser, "1-overview"))
 
-    # Step 3: its 4 groups of 4, each token shaded, GRPO's advantages.
+    # Step 3: its 4 groups of 4, each token, GRPO's advantages.
     browser.find_element("link text", "step 3").click()
     rows = step_rows(resumed_run, 3)
     wait_until(lambda: len(browser.find_elements("css selector", "section.group")) == 4, what="step 3's groups")
     assert sorted(shown(browser)) == sorted((r["uid"], r["sample_index"], pytest.approx(r["reward"])) for r in rows)
     spans = browser.find_elements("css selector", "tr.response td.tokens span")
     assert len(spans) == sum(len(r["response_ids"]) for r in rows)
-    assert all("background" in s.get_attribute("style") for s in spans)
+    # An on-policy run without rollout.calculateLogProbs records no behaviour log-probs (issue 47):
+    # its tokens are shown unshaded, and say why.
+    assert all(r["response_logprobs"] is None for r in rows)
+    assert all(not s.get_attribute("style") and s.get_attribute("title").startswith("log-prob not recorded")
+               for s in spans)
     for section in browser.find_elements("css selector", "section.group"):
         uid = section.get_attribute("data-uid")
         rewards = np.array([r["reward"] for r in sorted(rows, key=lambda r: r["sample_index"]) if r["uid"] == uid],

@@ -10,6 +10,7 @@ import signal
 
 import pytest
 
+from grpo_api.contracts import STOPPED_EXIT_CODE
 from operator_helpers import eventually, kubectl
 from test_operator_controlplane import Cluster, table
 
@@ -109,8 +110,9 @@ def test_bad_input_fails_the_job_at_once_with_the_trainers_own_words(k, control_
 
 def test_a_killed_trainer_says_how_and_a_disrupted_pod_uses_no_restart(k):
     """Issue 36, bug 2: an OOM kill reads `exited with code 137 (SIGKILL, OOMKilled)`; a pod
-    deleted by a drain or preemption (DisruptionTarget) is replaced by the Job controller without
-    failing the Job, so it counts against no backoff limit."""
+    deleted by a drain or preemption (DisruptionTarget), or one whose trainer stopped on SIGTERM
+    (`kubectl delete pod`, issue 48), is replaced by the Job controller without failing the Job,
+    so it counts against no backoff limit."""
     k.create(**{"runPolicy.backoffLimit": 2})
     pods = k.trainer_pods(attempt=0)
     k.run_all()
@@ -125,7 +127,18 @@ def test_a_killed_trainer_says_how_and_a_disrupted_pod_uses_no_restart(k):
     assert not [c for c in job.status.conditions or [] if c.type == "Failed"]
     assert k.status()["restarts"] == 0 and k.condition("TrainerFailed") is None
 
+    # Issue 48: `kubectl delete pod` sets no DisruptionTarget; the trainer stopped by its SIGTERM
+    # checkpoints and exits STOPPED_EXIT_CODE, and that pod too is replaced without a restart.
     rank0 = next(p for p in pods if p.spec.hostname == "demo-trainer-0")
+    k.kubelet(rank0, "Failed", exit_code=STOPPED_EXIT_CODE, message="trainer stopped by SIGTERM")
+    eventually(lambda: len([p for p in k.pods("demo", "trainer") if p.spec.hostname == "demo-trainer-0"]) >= 2,
+               what="a replacement for the stopped pod")
+    job = k.trainer_job()
+    assert not [c for c in job.status.conditions or [] if c.type == "Failed"]
+    assert k.status()["restarts"] == 0 and k.condition("TrainerFailed") is None
+
+    rank0 = next(p for p in k.pods("demo", "trainer")
+                 if p.spec.hostname == "demo-trainer-0" and p.metadata.uid != rank0.metadata.uid)
     k.kubelet(rank0, "Failed", exit_code=137, reason="OOMKilled", message="step 3: loss 0.41")
     st = k.wait_phase("Restarting")
     assert st["restarts"] == 1

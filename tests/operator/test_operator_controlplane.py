@@ -646,6 +646,40 @@ def test_a_reward_pod_that_cannot_start_is_in_the_status_and_kubectl_get(k, cont
     assert (wide[0]["PHASE"], wide[0]["REASON"]) == ("Pending", "ErrImagePull"), wide
 
 
+def test_a_crash_looping_rollout_server_is_a_condition_and_its_bad_input_fails_the_job(k, control_plane, kubectl_bin):
+    """Issue 48, item 12: a server pod that crash-loops left the job `Running` with no reason. The
+    kubelet's shapes: CrashLoopBackOff waiting, the crash (and its log's end) in lastState."""
+    def crash_loop(pod, exit_code, message):
+        c = pod.spec.containers[0]
+        k.core.patch_namespaced_pod_status(pod.metadata.name, k.ns, {"status": {
+            "phase": "Running", "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [{
+                "name": c.name, "image": c.image, "imageID": "", "ready": False, "restartCount": 2,
+                "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 20s restarting failed"}},
+                "lastState": {"terminated": {"exitCode": exit_code, "reason": "Error", "message": message,
+                                             "startedAt": "2026-01-01T00:00:00Z", "finishedAt": "2026-01-01T00:00:05Z"}}}]}})
+
+    k.create()
+    k.run_all()
+    k.wait_phase("Running")
+    pod = k.pods("demo", "rollout")[0]
+    crash_loop(pod, 1, "RuntimeError: CUDA error: no kernel image is available")
+    c = eventually(lambda: (c := k.condition("ServersFailing")) and c["status"] == "True" and c,
+                   what="the crash loop in the status")
+    assert c["reason"] == "RolloutServerFailing" and pod.metadata.name in c["message"]
+    assert "exit code 1, 2 restart(s): RuntimeError: CUDA error" in c["message"]
+    assert k.wait_event("RolloutServerFailing").type == "Warning"
+    wide = table(kubectl(kubectl_bin, control_plane, "-n", k.ns, "get", "gj", "-o", "wide").stdout)
+    assert (wide[0]["PHASE"], wide[0]["REASON"]) == ("Running", "RolloutServerFailing"), wide
+    # Bad input (exit 2: `reward.function: nosuch_module:score`): not retried, everything stops.
+    crash_loop(pod, 2, "rollout: spec.reward.function 'nosuch_module:score': can't import nosuch_module")
+    k.wait_phase("Failed")
+    failed = k.condition("Failed")
+    assert failed["reason"] == "RolloutServerFailing" and "can't import nosuch_module" in failed["message"]
+    eventually(lambda: k.deployment().spec.replicas == 0, what="rollout scaled to zero")
+    eventually(lambda: k.trainer_job() is None, what="the trainer Job removed")
+
+
 def test_suspend_removes_the_reward_and_sandbox_deployments_and_resume_recreates_them(k):
     """The python tool's sandbox pool (issue 32) lives as the reward servers do: the API server
     admits its fields, its Deployment, Service and deny-all-egress NetworkPolicy are the job's, and

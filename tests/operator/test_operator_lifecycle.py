@@ -5,6 +5,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from grpo_api.contracts import STOPPED_EXIT_CODE
 from grpo_api.spec import GRPOJobStatus, Phase, Progress
 from grpo_operator import lifecycle, pods
 from grpo_operator.conditions import find, fmt_time
@@ -196,7 +197,7 @@ def test_invalid_spec_fails_without_children():
 
 
 def test_progress_is_copied_and_kept():
-    p = Progress(step=3, total_steps=10, reward_mean=0.5)
+    p = Progress(step=3, total_steps=10, reward_mean=0.5, reward_error_fraction=0.25, tool_error_fraction=0.5)
     st = status(phase=Phase.Running, observed_generation=1)
     d = step(job(), st, trainer=TrainerJob(0), pods=RUNNING, rollout_replicas=2, progress=p)
     assert d.status.progress == p
@@ -290,6 +291,27 @@ def test_a_killed_trainer_says_its_signal_and_reason():
     assert failed.reason == "OOMKilled"
     assert failed.message == "attempt 0: pod t-0 exited with code 137 (SIGKILL, OOMKilled): step 3"
     assert d.status.phase == Phase.Restarting and d.status.restarts == 1
+
+
+def test_a_trainer_pod_stopped_on_sigterm_is_no_failure_to_report():
+    """Issue 48: `kubectl delete pod` stops the trainer, which checkpoints and exits
+    STOPPED_EXIT_CODE; the Job replaces the pod (its pod failure policy ignores that code). When the
+    replacement then crashes, the failure reported is the crash's, not the stop's, and the stop
+    used no restart."""
+    def exited(name, code, message):
+        return {"metadata": {"name": name, "labels": {"grpo.dev/role": "trainer", "grpo.dev/attempt": "0"},
+                             "annotations": {"batch.kubernetes.io/job-completion-index": "0"}},
+                "status": {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {
+                    "exitCode": code, "reason": "Error", "message": message}}}]}}
+    # the stopped pod sorts first (same index, its name first)
+    v = pods.view([exited("t-0-a", STOPPED_EXIT_CODE, "trainer stopped by SIGTERM"),
+                   exited("t-0-b", 137, "step 3")], attempt=0)
+    assert [e.pod for e in v.trainer_exits] == ["t-0-b"] and v.trainer_finished == ("t-0-a", "t-0-b")
+    d = step(job(), status(phase=Phase.Running, observed_generation=1), rollout_replicas=2, pods=v,
+             trainer=TrainerJob(0, "failed", reason="BackoffLimitExceeded", message="Job has reached the limit"))
+    failed = find(d.status.conditions, "TrainerFailed")
+    assert failed.message == "attempt 0: pod t-0-b exited with code 137 (SIGKILL, Error): step 3"
+    assert d.status.restarts == 1
 
 
 def test_a_missing_secret_is_named_then_fails_the_job_after_the_grace():

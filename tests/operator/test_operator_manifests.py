@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from grpo_api.contracts import STOPPED_EXIT_CODE
 from grpo_operator import manifests, names
 from grpo_operator.pki import JobTLS
 from grpo_operator.settings import OperatorSettings
@@ -109,8 +110,13 @@ def test_trainer_job_is_indexed_with_torchrun_wiring():
     assert spec["completions"] == spec["parallelism"] == 2
     assert spec["backoffLimit"] == 0
     assert spec["podReplacementPolicy"] == "Failed"
-    disruption, bad_input = spec["podFailurePolicy"]["rules"]
+    disruption, stopped, bad_input = spec["podFailurePolicy"]["rules"]
     assert disruption == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    # `kubectl delete pod` sets no DisruptionTarget: the trainer's own exit on SIGTERM says it
+    # was stopped (issue 48), and the Job replaces the pod without counting a failure
+    assert stopped == {"action": "Ignore", "onExitCodes": {"containerName": "trainer", "operator": "In",
+                                                          "values": [STOPPED_EXIT_CODE]}}
+    assert STOPPED_EXIT_CODE not in (0, 1, 2) and STOPPED_EXIT_CODE < 126   # no crash's, no signal's
     assert bad_input == {"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In",
                                                              "values": [2]}}
     pod = spec["template"]["spec"]
@@ -425,9 +431,9 @@ def test_the_rollout_servers_get_the_reward_services_and_the_ca():
         "skywork=dns:///demo-rm-skywork.team-a.svc:50051;judge=dns:///demo-rm-judge.team-a.svc:50051")
     assert env["GRPO_TLS_CA"]["valueFrom"]["secretKeyRef"] == {"name": "demo-rpc", "key": "ca.crt"}
     # What the rollout server parses, and the name the certificate carries.
-    from grpo_rollout.reward_client import ADDRESSES_ENV, parse_addresses
-    assert ADDRESSES_ENV == names.REWARD_ADDRESSES_ENV
-    assert parse_addresses(env[ADDRESSES_ENV]["value"])["skywork"] == ["dns:///demo-rm-skywork.team-a.svc:50051"]
+    from grpo_api.contracts import REWARD_ADDRESSES_ENV, parse_reward_addresses
+    assert parse_reward_addresses(env[REWARD_ADDRESSES_ENV]["value"])["skywork"] == [
+        "dns:///demo-rm-skywork.team-a.svc:50051"]
     assert "demo-rm-skywork.team-a.svc" in names.reward_dns_names("demo", "team-a", ["skywork"])
     # Without reward models the rollout pods get neither.
     plain = _env(manifests.build_rollout_deployment(job(), S)["spec"]["template"]["spec"]["containers"][0])
@@ -523,11 +529,12 @@ def test_the_sandbox_pods_can_open_no_connection_and_only_the_rollout_pods_reach
     assert metrics["ports"] == [{"protocol": "TCP", "port": 9090}]
 
 
-def test_the_rollout_servers_dial_the_sandbox_service_with_the_jobs_ca():
+def test_the_rollout_servers_dial_the_sandbox_service_with_the_jobs_ca(monkeypatch):
     env = _env(manifests.build_rollout_deployment(python_job(), S)["spec"]["template"]["spec"]["containers"][0])
-    from grpo_rollout.tools.sandbox_client import ADDRESSES_ENV
-    assert ADDRESSES_ENV == names.SANDBOX_ADDRESSES_ENV
-    assert env[ADDRESSES_ENV]["value"] == "dns:///demo-sandbox.team-a.svc:50051"
+    from grpo_api.contracts import SANDBOX_ADDRESSES_ENV
+    from grpo_rollout.tools.sandbox_client import sandbox_addresses
+    monkeypatch.setenv(SANDBOX_ADDRESSES_ENV, env[SANDBOX_ADDRESSES_ENV]["value"])
+    assert sandbox_addresses([]) == ["dns:///demo-sandbox.team-a.svc:50051"]      # what the rollout server dials
     assert env["GRPO_TLS_CA"]["valueFrom"]["secretKeyRef"] == {"name": "demo-rpc", "key": "ca.crt"}
     assert "demo-sandbox.team-a.svc" in names.sandbox_dns_names("demo", "team-a")
     # with reward models too, the CA is there once

@@ -7,9 +7,10 @@ import json
 import pytest
 from prometheus_client import generate_latest
 
+from grpo_api.spec import Progress
 from grpo_operator import settings as settings_mod
 from grpo_operator.metrics import METRIC_NAMES, OperatorMetrics
-from grpo_operator.progress import parse_progress, read_progress
+from grpo_operator.progress import read_progress
 from grpo_operator.settings import OperatorSettings
 from grpo_operator.validation import parse_grpojob
 from operator_helpers import UID, body, job
@@ -92,11 +93,25 @@ def test_long_names_are_invalid():
 def test_parse_progress_keeps_the_status_keys():
     doc = {"step": 42, "totalSteps": 174, "epoch": 0.0, "policyVersion": 42, "rewardMean": 0.61,
            "validationScore": None, "lastCheckpoint": "s3://b/ckpt/step-40", "tokensPerSecond": 9.5, "updatedAt": 1.0}
-    p = parse_progress(json.dumps(doc).encode())
+    p = Progress.from_json(json.dumps(doc).encode())
     assert (p.step, p.total_steps, p.epoch, p.policy_version, p.reward_mean, p.validation_score, p.last_checkpoint) \
         == (42, 174, 0, 42, 0.61, None, "s3://b/ckpt/step-40")
     for junk in (b"", b"{", b"[1]", b'{"step": "many"}'):
-        assert parse_progress(junk) is None
+        assert Progress.from_json(junk) is None
+
+
+def test_progress_as_the_trainer_writes_it_is_what_the_status_shows():
+    """The trainer writes progress.json with the model the operator reads: the keys are the
+    status' (kubectl's columns read .status.progress.step, .rewardMean, ...), unset ones absent."""
+    progress = Progress(step=4, total_steps=8, epoch=1, policy_version=4, reward_mean=0.5, best_step=2, best_score=0.75,
+                        resumed_from_step=2, resumed_at="2026-12-03T17:00:00Z", reward_error_fraction=0.25,
+                        tool_error_fraction=0.0)
+    written = progress.to_json()
+    assert json.loads(written) == {"step": 4, "totalSteps": 8, "epoch": 1, "policyVersion": 4, "rewardMean": 0.5,
+                                   "bestStep": 2, "bestScore": 0.75, "resumedFromStep": 2,
+                                   "resumedAt": "2026-12-03T17:00:00Z", "rewardErrorFraction": 0.25,
+                                   "toolErrorFraction": 0.0}
+    assert Progress.from_json(written) == progress
 
 
 def test_read_progress_from_file_storage(tmp_path):
@@ -107,6 +122,19 @@ def test_read_progress_from_file_storage(tmp_path):
     (root / "progress.json").write_text(json.dumps({"step": 7, "totalSteps": 9, "rewardMean": 0.25}))
     p, error = read_progress(j, {})
     assert (p.step, p.total_steps, p.reward_mean, error) == (7, 9, 0.25, None)
+
+
+def test_the_status_shows_scores_to_four_significant_digits(tmp_path):
+    """kubectl's Reward, Val and Best columns print the status' floats whole (issue 48: 17 digits)."""
+    j = job(**{"storage.uri": f"file://{tmp_path}", "storage.secretRef": None})
+    root = tmp_path / "team-a" / "demo" / j.metadata.uid
+    root.mkdir(parents=True)
+    (root / "progress.json").write_text(json.dumps({"step": 7, "rewardMean": 0.123046875, "validationScore": -12.34567,
+                                                    "bestStep": 5, "bestScore": 0.000123456789,
+                                                    "rewardErrorFraction": 1 / 3, "toolErrorFraction": 0.0625}))
+    p, _ = read_progress(j, {})
+    assert (p.reward_mean, p.validation_score, p.best_score, p.best_step) == (0.1230, -12.35, 0.0001235, 5)
+    assert (p.reward_error_fraction, p.tool_error_fraction) == (0.3333, 0.0625)   # the failure rates too
 
 
 def test_metrics_export_every_name_and_count_jobs_by_phase():
@@ -212,3 +240,18 @@ def test_job_defaults_round_trip_through_json():
     assert now.with_job_defaults({"trainer_image": "reg/t:1"}).rollout_image == "reg/r:2"
     with pytest.raises(ValueError, match="image_pull_secrets"):
         now.with_job_defaults({"image_pull_secrets": "pull"})
+
+
+def test_a_jobs_created_condition_says_how_to_leave_a_bad_pinned_image():
+    """Issue 48: a job created during a bad `helm upgrade` keeps that upgrade's images after
+    `helm rollback`. Its Created condition names them and the field that changes the rollout
+    image of the running job; following it gives the rollout Deployment that image."""
+    from grpo_operator.manifests import build_rollout_deployment
+    from grpo_operator.reconciler import runs_with
+    bad = OperatorSettings(trainer_image="reg/trainer:bad", rollout_image="reg/rollout:bad")
+    said = runs_with(bad)
+    assert "trainer image reg/trainer:bad" in said and "rollout image reg/rollout:bad" in said
+    assert "spec.rollout.template" in said and "spec.trainer.template" in said
+    fixed = job(**{"rollout.template": {"spec": {"containers": [{"image": "reg/rollout:good"}]}}})
+    (container,) = build_rollout_deployment(fixed, bad)["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "reg/rollout:good"

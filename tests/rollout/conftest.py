@@ -66,6 +66,7 @@ def prompt_table(rows: list[dict]) -> pa.Table:
         cols["ground_truth"].append(row.get("ground_truth", "7"))
         cols["extra_info"].append(json.dumps(row.get("extra_info", {})))
         cols["raw_prompt"].append(row.get("raw_prompt"))
+        cols["images"].append(row.get("images"))
     return pa.Table.from_pydict(cols, schema=PROMPT_SCHEMA)
 
 

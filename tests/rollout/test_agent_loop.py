@@ -125,6 +125,18 @@ def test_turn_limits(engine):
     assert max(len(s.agent["tool_calls"]) for s in group) == 1
 
 
+def test_trajectories_without_logprobs_are_the_same_and_carry_none(engine):
+    # An on-policy step asks for no behaviour logprobs (issue 47): the trajectories, tool turns
+    # included, are those the same seed draws with them, and carry None (the records' null).
+    tok = engine.tokenizer
+    params = SamplingParams(n=32, max_tokens=MAX_LEN, seed=3)
+    [with_lp] = make_loop(engine).generate([lookup_prompt(tok)], params)
+    [without] = make_loop(engine).generate([lookup_prompt(tok)], replace(params, logprobs=False))
+    assert any(0 in s.response_mask for s in without), "no tool turn in 32 samples"
+    assert [(s.token_ids, s.response_mask) for s in without] == [(s.token_ids, s.response_mask) for s in with_lp]
+    assert all(s.logprobs is None for s in without) and all(len(s.logprobs) == len(s.token_ids) for s in with_lp)
+
+
 def test_single_turn_agent_rows_run_no_tools(engine):
     tok = engine.tokenizer
     loop = make_loop(engine)
@@ -223,9 +235,11 @@ def test_a_custom_agent_loop_runs_in_place_of_the_tool_loop(engine, lookup_model
     assert isinstance(loop, CustomAgentLoop)
     tok = engine.tokenizer
     prompt = lookup_prompt(tok)
-    [group] = loop.generate([prompt], SamplingParams(n=2, max_tokens=4, seed=1))
+    # A request for no logprobs (an on-policy step, issue 47) still gives the user's code lists: it adds to them.
+    [group] = loop.generate([prompt], SamplingParams(n=2, max_tokens=4, seed=1, logprobs=False))
     user = tok.convert_tokens_to_ids(USER_TURN)
     for s in group:
+        assert len(s.logprobs) == len(s.token_ids)
         first = len(s.response_mask) - s.response_mask[::-1].index(0)     # after the user's turn
         assert s.response_mask == [1] * (first - len(user)) + [0] * len(user) + [1] * (len(s.token_ids) - first)
         assert s.token_ids[first - len(user):first] == user
@@ -234,6 +248,59 @@ def test_a_custom_agent_loop_runs_in_place_of_the_tool_loop(engine, lookup_model
     rows = table.to_pylist()
     assert [r["num_turns"] for r in rows] == [3, 3]
     assert json.loads(rows[0]["agent"]) == {"num_turns": 3, "env": "simulated-user", "tool_calls": []}
+
+
+def test_a_custom_agent_loops_overlong_response_is_cut_to_max_response_length(engine, lookup_model, tmp_path):
+    # as verl's agent loops cut theirs to response_length: never trained on beyond it (issue 48)
+    from grpo_rollout.agent_loop import build_agent_loop
+    loop = build_agent_loop(_spec(tmp_path, lookup_model, agentLoop=f"{AGENTS}:Rambler"), engine)
+    [group] = loop.generate([lookup_prompt(engine.tokenizer)], SamplingParams(n=2, max_tokens=2, seed=1))
+    for s in group:
+        assert len(s.token_ids) == len(s.logprobs) == len(s.response_mask) == 12     # data.maxResponseLength
+        assert s.finish_reason == "length"
+        answered = s.response_mask.index(0)          # the model's own tokens, then the environment's
+        assert s.response_mask == [1] * answered + [0] * (12 - answered)
+    assert loop.truncated == 2
+
+
+def test_a_contract_break_fails_the_step_at_once_and_is_never_dispatched_again(engine, lookup_model, token, tmp_path):
+    """Issue 48: the server answers INVALID_ARGUMENT naming the loop; the trainer's dispatcher stops
+    with that message after one try (every server would refuse it again, each try a whole generation)."""
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from grpo_api.proto import rollout_pb2 as pb
+    from grpo_api.records import PROMPT_SCHEMA, RunLayout
+    from grpo_api.storage import Storage
+    from grpo_trainer.rollout_client import RolloutDispatcher, RolloutRefused
+    from grpo_trainer.rollout_servers import RolloutServers
+    from tests.rollout.conftest import start_server
+
+    class AtEveryVersion:     # the VersionKeeper of a server that needs no new weights here
+        def ensure_version(self, worker: str, version: int) -> None:
+            pass
+
+    repo = Path(__file__).resolve().parents[2]
+    server = start_server(tmp_path, lookup_model, token, env={"PYTHONPATH": str(repo)},
+                          rollout={"agentLoop": f"{AGENTS}:OneGroupShort"})
+    try:
+        dispatcher = RolloutDispatcher(RolloutServers(lambda: [server.address], token), weights=AtEveryVersion(),
+                                       layout=RunLayout(f"file://{tmp_path}/run"), storage=Storage(), timeout=120)
+        ids = lookup_prompt(engine.tokenizer).prompt_ids
+        sink = pa.BufferOutputStream()
+        rows = [{"uid": f"0-{i}", "prompt_index": i, "prompt_ids": ids, "data_source": "openai/gsm8k",
+                 "ground_truth": "7", "extra_info": "{}"} for i in range(2)]
+        pq.write_table(pa.Table.from_pylist(rows, schema=PROMPT_SCHEMA), sink)
+        with pytest.raises(RolloutRefused, match=r"rollout shard s0: 127\.0\.0\.1:\d+ refused it: spec\.rollout\."
+                                                 r"agentLoop .*generate returned list of 1 groups for 2 prompts"):
+            dispatcher.generate(1, "train", {"s0": sink.getvalue().to_pybytes()},
+                                pb.SamplingParams(n=2, max_tokens=2), version=0)
+        assert server.metric("grpo_rollout_requests_total", outcome="INVALID_ARGUMENT") == 1
+        assert dispatcher.redispatched == 0
+    finally:
+        server.stop()
 
 
 def test_a_custom_agent_loop_that_breaks_the_contract_is_refused_by_name(engine, lookup_model, tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -84,6 +86,19 @@ def test_seeded_sampling_is_reproducible(engine, prompts):
     again = [[s.token_ids for s in g] for g in engine.generate(prompts, params)]
     other = [[s.token_ids for s in g] for g in engine.generate(prompts, SamplingParams(n=3, max_tokens=10, seed=43))]
     assert first == again and first != other
+
+
+def test_a_request_without_logprobs_samples_the_same_tokens_and_reports_none(engine, prompts):
+    # An on-policy step asks for no behaviour logprobs (issue 47): the samples are those the same
+    # seed draws with them, sampled and greedy, and carry None.
+    for params in (SamplingParams(n=3, max_tokens=10, temperature=0.7, top_p=0.9, seed=42),
+                   SamplingParams(n=1, max_tokens=10, temperature=0.0, seed=0)):
+        with_lp = engine.generate(prompts, params)
+        without = engine.generate(prompts, replace(params, logprobs=False))
+        assert [[(s.token_ids, s.finish_reason) for s in g] for g in without] == \
+            [[(s.token_ids, s.finish_reason) for s in g] for g in with_lp]
+        assert all(s.logprobs is None for g in without for s in g)
+        assert all(len(s.logprobs) == len(s.token_ids) for g in with_lp for s in g)
 
 
 def test_greedy_follows_the_argmax(model_dir, prompts):

@@ -20,6 +20,8 @@ import torch
 import yaml
 
 import polling
+
+from grpo_api.contracts import BAD_INPUT_EXIT_CODE
 from grpo_api.jobfile import load_job
 from grpo_api.storage import Storage
 from grpo_rollout.reward_client import RewardModelClient, RewardModels, RewardModelUnavailable, ScoreItem
@@ -145,7 +147,7 @@ def test_unknown_model_name_is_a_clear_start_up_error(tmp_path, tiny_model, tiny
     job = _job(tmp_path, tiny_model, [{"name": "rm", "path": str(tiny_rm)}])
     out = subprocess.run([sys.executable, "-m", "grpo_api.cli", "reward", "--spec", str(job), "--model", "other"],
                          capture_output=True, text=True, env={**os.environ, "GRPO_RPC_TOKEN": "x"}, timeout=120)
-    assert out.returncode == 2 and "--model other: not in spec.reward.rewardModels (known: rm)" in out.stderr
+    assert out.returncode == BAD_INPUT_EXIT_CODE and "--model other: not in spec.reward.rewardModels (known: rm)" in out.stderr
 
 
 def test_tiny_judge_answers_as_the_hf_engine_and_is_parsed(tmp_path, tiny_model, servers):

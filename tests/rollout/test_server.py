@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 HANGING_REWARD = '''
 import time
 
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+def compute_score(*, extra_info, solution_str, **kwargs):   # verl calls by keyword: any order, **kwargs
     mode = extra_info["mode"]
     if mode == "raise":
         raise RuntimeError("reward bug")
@@ -147,12 +147,17 @@ def test_failing_reward_functions_score_zero_and_the_server_survives(tmp_path, t
         by_mode = {m: [r for r in rows if r["prompt_index"] == i] for i, m in enumerate(modes)}
         assert all(r["reward"] == 0.25 for r in by_mode["ok"])
         assert all(json.loads(r["reward_extra"])["length"] >= 0 for r in by_mode["ok"])
-        for mode in ("raise", "hang", "garbage"):
+        assert [r["reward_error"] for r in by_mode["ok"]] == [None, None]
+        for mode, kind in (("raise", "exception"), ("hang", "timeout"), ("garbage", "invalid")):
             assert all(r["reward"] == 0.0 for r in by_mode[mode]), mode
-            assert all("reward_error" in json.loads(r["reward_extra"]) for r in by_mode[mode]), mode
+            # the record says how, and what the trainer shows: the function and its error
+            assert [r["reward_error"] for r in by_mode[mode]] == [kind, kind]
+            assert all(json.loads(r["reward_extra"])["reward_error"].startswith("my_reward.py:compute_score: ")
+                       for r in by_mode[mode]), mode
+        assert "RuntimeError: reward bug" in json.loads(by_mode["raise"][0]["reward_extra"])["reward_error"]
         assert reply.reward_errors == 6
         labels = dict(job="rollout-test", namespace="default")
-        assert srv.metric("grpo_rollout_reward_errors_total", kind="error", **labels) == 2
+        assert srv.metric("grpo_rollout_reward_errors_total", kind="exception", **labels) == 2
         assert srv.metric("grpo_rollout_reward_errors_total", kind="timeout", **labels) == 2
         assert srv.metric("grpo_rollout_reward_errors_total", kind="invalid", **labels) == 2
         # Still serving, and the hung workers were replaced: a second request scores again.

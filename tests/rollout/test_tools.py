@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 
+from grpo_api.records import TOOL_ERROR_KINDS
 from grpo_api.spec import MultiTurnSpec, PythonSandbox
 from grpo_rollout.tools import ToolCall, ToolRunner, load_tools, truncate
 from grpo_rollout.tools.function_tool import FunctionTool, function_schema
@@ -113,6 +114,7 @@ def test_a_tool_that_raises_hangs_or_does_not_exist_answers_with_an_error():
     finally:
         runner.close()
     assert [r.error for r in results] == ["timeout", "crash", "", "tool_error", "unknown_tool", "parse"]
+    assert {r.error for r in results} - {""} <= set(TOOL_ERROR_KINDS)     # the kinds the trainer counts
     assert "timed out after 1s" in results[0].text
     assert "RuntimeError: the tool broke" in results[1].text
     assert results[2].text == "5"
@@ -167,3 +169,21 @@ def test_python_has_no_network():
 def test_python_cannot_fork():
     out, failed = run_python("import os; os.fork()", LIMITS)
     assert failed and "BlockingIOError" in out
+
+
+def test_each_call_has_its_own_timeout_and_hung_calls_hold_nothing_back():
+    """Calls that hang past their timeout (their threads abandoned) never delay later calls: a
+    quick call after many hung ones still answers, and each call's seconds are its own."""
+    tools = load_tools(MultiTurnSpec(tools=[f"{FIXTURES}:add", f"{FIXTURES}:hang"]))
+    runner = ToolRunner(tools, timeout_seconds=2.0, max_response_length=100, truncate_side="middle", max_running=40)
+    try:
+        for _ in range(2):      # 2 x 20 hung calls: more than a pool of 16 threads would hold
+            results = runner.run([(ToolCall("hang", {}), {})] * 19 + [(ToolCall("add", {"a": 2, "b": 3}), {})])
+            assert [r.error for r in results] == ["timeout"] * 19 + [""]
+            assert results[-1].text == "5" and results[-1].seconds < 2.0
+            assert all(r.seconds == 2.0 for r in results[:-1])
+        # 38 hung calls still run: at the cap (40), a call is refused at once, never queued
+        refused = runner.run([(ToolCall("hang", {}), {})] * 3)
+        assert [r.error for r in refused] == ["timeout", "timeout", "unavailable"]
+    finally:
+        runner.close()

@@ -247,13 +247,14 @@ import json, sys, torch, torch.distributed as dist
 from safetensors.torch import save_file
 from grpo_api.spec import ModelSpec, WeightSyncSpec
 from grpo_trainer import lora
+from grpo_trainer import lora
 from grpo_trainer.model import build_policy
 from grpo_trainer.publisher import WeightPublisher
-from grpo_trainer.rollout_client import RolloutServers
+from grpo_trainer.rollout_servers import RolloutServers
 model_path, addresses, token, out = sys.argv[1], sys.argv[2].split(","), sys.argv[3], sys.argv[4]
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
 spec = ModelSpec.model_validate({"path": model_path, "lora": {"rank": 4, "alpha": 8}})
-model = build_policy(spec, torch.device("cpu"))
+model = build_policy(spec, torch.device("cpu"), wrap=lora.wrapper(spec))
 g = torch.Generator().manual_seed(31)
 with torch.no_grad():   # as if trained: B away from zero (FSDP2 on one rank: the local shard is all of it)
     for name, p in model.named_parameters():

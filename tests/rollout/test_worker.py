@@ -60,3 +60,27 @@ def test_overlong_responses_are_penalized(make_worker, tmp_path, tokenizer):
         extra = json.loads(r["reward_extra"])
         assert extra["overlong_reward"] == pytest.approx(penalty) and extra["overlong"] == (penalty < 0)
 
+
+
+def test_a_request_for_no_logprobs_writes_null_ones_that_the_trainer_reads_as_none(make_worker, tmp_path, tokenizer):
+    """Issue 47: an on-policy step asks for no behaviour logprobs (GenerateRequest's
+    sampling.logprobs false); an older request, without the field, still gets them."""
+    from grpo_api.proto import rollout_pb2 as pb
+    from grpo_rollout.server import job_from_proto
+    from grpo_trainer.batch import samples_from_table
+    worker, storage = make_worker(), Storage()
+    prompt_uri = f"file://{tmp_path}/p.parquet"
+    storage.write_table(prompt_uri, prompt_table([{"prompt_ids": chat_prompt(tokenizer, "copy the digit 2")}]))
+    read = {}
+    for asked in (None, True, False):
+        out_uri = f"file://{tmp_path}/o-{asked}.parquet"
+        sampling = pb.SamplingParams(n=4, seed=3) if asked is None else pb.SamplingParams(n=4, seed=3, logprobs=asked)
+        job = job_from_proto(pb.GenerateRequest(prompt_uri=prompt_uri, output_uri=out_uri, sampling=sampling))
+        assert resolve_sampling(worker.spec, job).logprobs is (asked is not False)
+        worker.generate(job)
+        read[asked] = samples_from_table(storage.read_table(out_uri))
+    for s in read[None] + read[True]:
+        assert len(s.behaviour_logprobs) == len(s.response_ids) and all(lp <= 0 for lp in s.behaviour_logprobs)
+    assert all(s.behaviour_logprobs is None for s in read[False])
+    # The same seed draws the same responses either way.
+    assert [s.response_ids for s in read[False]] == [s.response_ids for s in read[True]]

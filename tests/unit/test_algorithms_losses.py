@@ -29,8 +29,8 @@ MASK = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0]], dtype=F64)
     "mode,expected",
     [
         ("token-mean", 21 / 6),  # (1+2+3+4+5+6) / 6 tokens = 3.5
-        ("seq-mean-token-sum", 21 / 2),  # (10 + 11) / 2 non-empty sequences = 10.5
-        ("seq-mean-token-mean", (10 / 4 + 11 / 2) / 2),  # (2.5 + 5.5) / 2 = 4.0
+        ("seq-mean-token-sum", 21 / 3),  # (10 + 11 + 0) / 3 sequences, the empty one too = 7.0
+        ("seq-mean-token-mean", (10 / 4 + 11 / 2) / 3),  # (2.5 + 5.5 + 0) / 3
         ("seq-mean-token-sum-norm", 21 / (3 * 4)),  # 21 / (3 rows * width 4) = 1.75
     ],
 )
@@ -204,7 +204,7 @@ def test_gspo_gradient_is_the_gradient_of_the_sequence_level_objective():
 
 def test_unknown_policy_loss_lists_the_known_ones():
     x = torch.zeros(1, 1)
-    with pytest.raises(ValueError, match="unknown policy loss 'ppo'; known: gspo, vanilla"):
+    with pytest.raises(ValueError, match="unknown policy loss 'ppo'; known: cispo, clip_cov, .*, vanilla"):
         policy_loss("ppo", x, x, x, x)
 
 
@@ -288,6 +288,33 @@ def test_two_data_parallel_ranks_with_mean_allreduce_give_the_minibatch_gradient
         sum(_grad(_micro_loss(w, r, mode, mask, feats, old, adv, norm), w) for r in micro) for micro in ranks
     ]
     assert torch.allclose((rank_grads[0] + rank_grads[1]) / 2, full_grad, rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("mode", ["seq-mean-token-sum", "seq-mean-token-mean"])
+def test_responses_emptied_by_rejection_still_count_in_the_seq_mean_denominator(mode):
+    # verl's trainer divides by global_batch_size (every sequence of the mini-batch); a response that
+    # rollout-correction rejection masked whole must not scale the others' gradient up by R/S.
+    mask, feats, old, adv = _minibatch()
+    mask[[1, 6]] = 0.0  # two more responses rejected whole: 3 of the 8 rows are empty
+    adv = adv * mask
+    w = torch.tensor([0.3, -0.2, 0.5], dtype=F64, requires_grad=True)
+    logp = old + 0.5 * torch.tanh(feats @ w)
+    mat = _loss_mat(logp, old, adv).detach()
+    # float64 reference, written per sequence: (1 / R) * sum over non-empty s of its sum (or mean)
+    per_seq = []
+    for s in range(len(LENGTHS)):
+        toks = [float(mat[s, t]) for t in range(T) if mask[s, t] > 0]
+        if toks:
+            per_seq.append(sum(toks) if mode == "seq-mean-token-sum" else sum(toks) / len(toks))
+    expected = math.fsum(per_seq) / len(LENGTHS)
+    # Two ranks, rank 1 holding only empty rows in one of its micro-batches; all-reduced counts.
+    ranks = [[slice(0, 2), slice(2, 5)], [slice(5, 7), slice(7, 8)]]
+    local = [sum(loss_denominator(mask[r], mode) for r in micro) for micro in ranks]
+    assert sum(local) == len(LENGTHS)
+    norm = LossNormalizer(mode=mode, denominator=sum(local), dp_size=2)
+    total = sum(_micro_loss(w, r, mode, mask, feats, old, adv, norm).item() for micro in ranks for r in micro)
+    assert total / 2 == pytest.approx(expected, rel=1e-12)  # FSDP's mean over the 2 ranks
+    assert aggregate_loss(mat, mask, mode).item() == pytest.approx(expected, rel=1e-12)
 
 
 def test_normalizer_takes_the_widest_mask_as_default_scale_factor_and_checks_its_mode():

@@ -124,6 +124,18 @@ def test_value_loss_micro_batches_add_up_to_the_whole_batch():
         assert parts.item() == pytest.approx(whole.item(), abs=1e-12)
 
 
+def test_vf_explained_var_by_hand_over_the_response_tokens():
+    from grpo_trainer.critic import explained_variance
+
+    # returns 1, 2, 3 and values 1, 2, 2 on the response; the padding's 100 is not a token.
+    returns = torch.tensor([[1.0, 2.0, 3.0, 100.0]], dtype=F64)
+    values = torch.tensor([[1.0, 2.0, 2.0, 0.0]], dtype=F64)
+    mask = torch.tensor([[1, 1, 1, 0]], dtype=F64)
+    # Var(0, 0, 1) = 1/3 and Var(1, 2, 3) = 1, both with n - 1 (verl's torch.var)
+    assert explained_variance(returns, values, mask) == pytest.approx(1 - (1 / 3) / (1 + 1e-5), abs=1e-12)
+    assert explained_variance(returns, returns, mask) == pytest.approx(1.0, abs=1e-12)    # a perfect critic
+
+
 def test_the_adaptive_kl_coefficient_moves_toward_the_target_by_hand():
     """Ziegler et al. 2019 / verl: value *= 1 + clip(kl / target - 1, -0.2, 0.2) * n / horizon."""
     ctrl = KLController("adaptive", 0.1, target_kl=0.02, horizon=1000)
@@ -159,9 +171,39 @@ def test_sequence_is_is_the_truncated_product_on_every_token():
     assert w.flatten().tolist() == pytest.approx([2.0, 2.0, 2.0, 1.21, 1.21, 0.0], abs=1e-12)
 
 
+def test_sequence_is_metrics_report_the_raw_weights_as_verl():
+    from grpo_trainer.algorithms.rollout_correction import correction_metrics
+
+    w = rollout_is_weights(LOG_RATIO, MASK3, "sequence", upper=2.0)
+    seq = LOG_RATIO.sum(dim=-1)     # log(3) and log(1.21)
+    m = correction_metrics(LOG_RATIO[MASK3.bool()], MASK3[MASK3.bool()], torch.tensor([False, False]),
+                           w[MASK3.bool()], seq)
+    # raw: 1.5 * 0.5 * 4 = 3 (truncated to 2 in the loss) and 1.21; the mean is the applied weights'
+    assert m["rollout_corr/rollout_is_max"] == pytest.approx(3.0, abs=1e-12)
+    assert m["rollout_corr/rollout_is_min"] == pytest.approx(1.21, abs=1e-12)
+    assert m["rollout_corr/rollout_is_mean"] == pytest.approx((3 * 2.0 + 2 * 1.21) / 5, abs=1e-12)
+
+
 def test_icepop_zeroes_weights_outside_the_band():
     w = rollout_is_weights(LOG_RATIO, MASK3, "token", upper=2.0, lower=0.8)
     assert w.flatten().tolist() == pytest.approx([1.5, 0.0, 0.0, 1.1, 1.1, 0.0], abs=1e-12)
+
+
+def test_icepop_counts_the_tokens_it_zeroed_as_verl_oob_ratio():
+    from grpo_trainer.algorithms.rollout_correction import correction_metrics
+
+    def oob(level):
+        w = rollout_is_weights(LOG_RATIO, MASK3, level, upper=2.0, lower=0.8)
+        m = correction_metrics(LOG_RATIO[MASK3.bool()], MASK3[MASK3.bool()], torch.tensor([False, False]),
+                               w[MASK3.bool()], LOG_RATIO.sum(dim=-1) if level == "sequence" else None, icepop=True)
+        return m["rollout_corr/rollout_is_oob_ratio"]
+    # token: 0.5 and 4 of the 5 response tokens fall outside [0.8, 2]
+    assert oob("token") == pytest.approx(2 / 5, abs=1e-12)
+    # sequence: row 0's weight 3 zeroes its 3 tokens; row 1's 1.21 keeps its 2
+    assert oob("sequence") == pytest.approx(3 / 5, abs=1e-12)
+    w = rollout_is_weights(LOG_RATIO, MASK3, "token", upper=2.0)    # TIS zeroes nothing: no such metric
+    assert "rollout_corr/rollout_is_oob_ratio" not in correction_metrics(
+        LOG_RATIO[MASK3.bool()], MASK3[MASK3.bool()], torch.tensor([False, False]), w[MASK3.bool()])
 
 
 def test_token_mis_rejects_tokens_outside_the_ratio_band():

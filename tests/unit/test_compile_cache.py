@@ -1,4 +1,4 @@
-"""spec.storage.compileCache (grpo_api.compile_cache): what one trainer process compiled, a later
+"""spec.storage.compileCache (grpo_trainer.compile_cache): what one trainer process compiled, a later
 one of the same job on another machine (its own empty local folder) finds in the job's run, and
 torch.compile hits it instead of compiling; an archive not signed with the job's key is never
 unpacked. The compile is inductor's on CPU here; the trainer uses the same folders on GPU
@@ -18,14 +18,14 @@ import textwrap
 import pytest
 
 from grpo_api import signing
-from grpo_api.compile_cache import COMPILER_ENVS, CompileCache
+from grpo_trainer.compile_cache import COMPILER_ENVS, CompileCache
 from grpo_api.spec import StorageSpec
 from grpo_api.storage import Storage
 
 COMPILE = textwrap.dedent("""
     import json, sys, torch
     from torch._dynamo.utils import counters
-    from grpo_api.compile_cache import CompileCache
+    from grpo_trainer.compile_cache import CompileCache
     from grpo_api.spec import StorageSpec
     from grpo_api.storage import Storage
     spec = StorageSpec(uri=sys.argv[1])

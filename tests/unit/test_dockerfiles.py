@@ -32,7 +32,7 @@ IMAGES = IMAGES_FILE["images"]
 CHART = REPO / "charts" / "grpo-operator"
 
 # The extras each image installs.
-EXTRAS = {"trainer": ["trainer", "wandb", "mlflow"], "rollout": ["rollout", "vllm"], "operator": ["operator"]}
+EXTRAS = {"trainer": ["trainer", "wandb", "mlflow"], "rollout": ["rollout", "vllm", "trainer"], "operator": ["operator"]}
 
 # hadolint rules switched off, each with its reason. Inline `# hadolint ignore=` pragmas are
 # disabled (--disable-ignore-pragma), so this is the one list. None is needed today.

@@ -60,6 +60,8 @@ SEED_SPEC = {
              "trainBatchSize": 128, "maxPromptLength": 512, "maxResponseLength": 1024},
     "algorithm": {"advEstimator": "grpo", "useKLLoss": True, "klLossCoef": 0.001},
     "rollout": {"engine": "vllm", "n": 5,
+                # verl's hybrid engine: the trainer's 4 GPUs generate too, 2 servers of tensor parallel 2
+                "placement": "colocated", "replicas": 2,
                 "tensorParallelSize": 2,                # verl's default when the command omits it
                 "gpuMemoryUtilization": 0.6},
     "trainer": {"projectName": "gsm8k_grpo_demo", "experimentName": "qwen3_8b_grpo", "nnodes": 1,
@@ -98,6 +100,9 @@ def test_seed_tutorial_command_field_by_field(text):
     assert spec.algorithm.loss_agg_mode == "token-mean" and spec.algorithm.kl_loss_type == "low_var_kl"
     assert spec.rollout.n * spec.data.train_batch_size == 640          # 128 prompts x 5 = 640 responses
     assert spec.world_size == 4 and spec.trainer.total_steps is None
+    # the same 4 GPUs verl uses: no rollout GPUs besides the trainer's (issue 46)
+    assert spec.colocated and spec.trainer.nnodes * spec.trainer.nproc_per_node == 4
+    assert spec.rollout.replicas * spec.rollout.tensor_parallel_size == 4
 
 
 def test_seed_tutorial_warnings_name_what_was_not_carried_over():
@@ -171,9 +176,8 @@ def test_drgrpo_settings_appended_to_the_seed_script(tmp_path, capsys):
     algorithm = yaml.safe_load(out)["spec"]["algorithm"]
     assert algorithm == {"advEstimator": "grpo", "normAdvByStd": False, "lossAggMode": "seq-mean-token-sum-norm",
                          "useKLLoss": False, "klLossCoef": 0.001}
-    # The loss is Dr.GRPO's and TRL's, not verl's (micro-batch size x smaller): said, not silent.
-    (scale,) = [line for line in err.splitlines() if "loss_agg_mode" in line]
-    assert "verl's loss is ppo_micro_batch_size_per_gpu x ours" in scale and "grad_clip" in scale
+    # verl's trainer normalises seq-mean-token-sum-norm as ours does (responses x scale): no warning.
+    assert "loss_agg_mode" not in err
 
 
 def test_drgrpo_edited_into_the_command():
@@ -305,22 +309,22 @@ def test_dapo_clip_higher_overlong_buffer_and_dynamic_sampling_field_by_field():
                       "clipRatioLow": 0.2, "clipRatioHigh": 0.28, "clipRatioC": 10.0, "entropyCoeff": 0,
                       "filterGroups": True, "useKLInReward": False},
         "reward": {"overlongBuffer": {"enable": True, "len": 4096, "penaltyFactor": 1.0}},
-        "rollout": {"engine": "vllm", "n": 16, "tensorParallelSize": 4, "gpuMemoryUtilization": 0.8,
+        "rollout": {"engine": "vllm", "n": 16, "placement": "colocated", "replicas": 8,   # 4 nodes x 8 GPUs / TP 4
+                    "tensorParallelSize": 4, "gpuMemoryUtilization": 0.8,
                     "temperature": 1.0, "topP": 1.0, "topK": -1, "valTemperature": 1.0,
                     "maxNumBatchedTokens": 10240},
         "trainer": {"projectName": "DAPO", "experimentName": "DAPO-Qwen2.5-7B-Math", "nnodes": 4,
                     "nprocPerNode": 8, "miniBatchSize": 32, "maxTokensPerGPU": 10240, "lr": 1e-6,
                     "lrWarmupSteps": 10, "weightDecay": 0.1, "gradClip": 1.0, "totalEpochs": 1, "testFreq": 5,
-                    "valBeforeTrain": True, "saveFreq": 25, "refCpuOffload": True, "keepCheckpoints": None,
-                    "loggers": ["console", "wandb"]},
+                    "valBeforeTrain": True, "saveFreq": 25, "paramOffload": True, "refCpuOffload": True,
+                    "keepCheckpoints": None, "loggers": ["console", "wandb"]},
         "resume": "auto",
     }
     # the script's own variables are substituted; the environment was not needed
     assert not any("left as written" in w for w in t.warnings)
     ignored = " ".join(w for w in t.warnings if ": ignored: " in w)
     for key in ("data.gen_batch_size=1536", "algorithm.filter_groups.metric='acc'",
-                "algorithm.filter_groups.max_num_gen_batches=10", "fsdp_config.param_offload=True",
-                "trainer.default_local_dir="):
+                "algorithm.filter_groups.max_num_gen_batches=10", "trainer.default_local_dir="):
         assert key in ignored
 
 
@@ -356,7 +360,7 @@ def test_fused_kernels_and_remove_padding_map_to_the_model_fields():
 
 def test_keys_with_no_meaning_here_are_warnings(monkeypatch, capsys):
     extra = ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32 "
-             "actor_rollout_ref.model.use_shm=True actor_rollout_ref.actor.fsdp_config.param_offload=False "
+             "actor_rollout_ref.model.use_shm=True actor_rollout_ref.actor.fsdp_config.reshard_after_forward=False "
              "actor_rollout_ref.actor.use_torch_compile=False "
              "trainer.val_before_train=False trainer.critic_warmup=0 algorithm.use_kl_in_reward=False "
              "trainer.logger='[\"console\",\"wandb\",\"swanlab\"]' actor_rollout_ref.actor.ppo_mini_batch_sz=16")
@@ -367,7 +371,7 @@ def test_keys_with_no_meaning_here_are_warnings(monkeypatch, capsys):
            "of verl's workers; log-probs here use trainer.microBatchSizePerGPU / maxTokensPerGPU" in warnings
     assert any(w.startswith("actor_rollout_ref.model.use_shm=True, actor_rollout_ref.actor.use_torch_"
                             "compile=False: ignored:") for w in warnings)
-    assert any(w.startswith("actor_rollout_ref.actor.fsdp_config.param_offload=False: ignored: FSDP2")
+    assert any(w.startswith("actor_rollout_ref.actor.fsdp_config.reshard_after_forward=False: ignored: FSDP2")
                for w in warnings)
     assert "trainer.logger=['console', 'wandb', 'swanlab']: swanlab is not supported here; metrics go to " \
            "tensorboard instead (and to Prometheus with the prometheus logger)" in warnings
@@ -383,9 +387,40 @@ def test_keys_with_no_meaning_here_are_warnings(monkeypatch, capsys):
     assert code == 1 and "--strict" in err
 
 
+def test_lora_exclude_modules_map_a_regex_as_is_and_a_list_as_a_regex():
+    t = translated(BASE + "actor_rollout_ref.model.lora_rank=8 actor_rollout_ref.model.exclude_modules='.*visual.*'")
+    assert t.job.spec.model.lora.exclude_modules == ".*visual.*"       # verl's VLM LoRA example
+    t = translated(BASE + "actor_rollout_ref.model.lora_rank=8 actor_rollout_ref.model.exclude_modules=[lm_head,"
+                   "layers.0.mlp.up_proj]")
+    pattern = t.job.spec.model.lora.exclude_modules
+    assert [bool(re.fullmatch(pattern, n)) for n in ("lm_head", "model.layers.0.mlp.up_proj",
+                                                       "model.layers.10.mlp.up_proj", "model.mylm_head")] == \
+        [True, True, False, False]
+
+
+def test_val_only_maps_unless_verl_would_train_anyway():
+    val = "data.val_files=s3://d/test.parquet "
+    assert translated(BASE + val + "trainer.val_only=True").job.spec.trainer.val_only is True
+    # verl returns after the validation before training: without it, val_only is ignored and it trains
+    t = translated(BASE + val + "trainer.val_only=True trainer.val_before_train=False")
+    assert t.job.spec.trainer.val_only is False
+    assert any("trainer.val_only=True is ignored by verl" in w for w in t.warnings), t.warnings
+
+
+def test_warmup_ratios_map_unless_steps_override_them_as_in_verl():
+    t = translated(BASE + "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1 algorithm.adv_estimator=gae "
+                   "critic.optim.lr_warmup_steps_ratio=0.05")
+    assert (t.job.spec.trainer.lr_warmup_steps_ratio, t.job.spec.trainer.lr_warmup_steps) == (0.1, 0)
+    assert (t.job.spec.critic.lr_warmup_steps_ratio, t.job.spec.critic.lr_warmup_steps) == (0.05, 0)
+    # verl's lr_warmup_steps > 0 wins over the ratio: the job gets the steps, and a warning says so
+    t = translated(BASE + "actor_rollout_ref.actor.optim.lr_warmup_steps=10 "
+                   "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1")
+    assert (t.job.spec.trainer.lr_warmup_steps_ratio, t.job.spec.trainer.lr_warmup_steps) == (0.0, 10)
+    assert any("overrides the warmup ratio 0.1" in w for w in t.warnings), t.warnings
+
+
 @pytest.mark.parametrize("override, message", [
     ("algorithm.adv_estimator=gae critic.enable=False", "critic.enable=False: adv_estimator=gae needs the critic"),
-    ("algorithm.adv_estimator=gae critic.optim.lr_warmup_steps_ratio=0.1", "set critic.optim.lr_warmup_steps=N"),
     ("actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.name='sglang': SGLang rollout is not "
                                                "supported; use vllm"),
     ("reward_model.enable=True", "reward_model.enable=True: a reward model needs reward_model.model.path"),
@@ -393,15 +428,19 @@ def test_keys_with_no_meaning_here_are_warnings(monkeypatch, capsys):
                                                                    "full-vocabulary KL is not supported"),
     ("algorithm.adv_estimator=gae critic.model.lora_rank=8", "critic.model.lora_rank=8: LoRA for the critic is "
                                                               "not supported"),
-    ("actor_rollout_ref.model.lora_rank=8 actor_rollout_ref.model.exclude_modules=[lm_head]",
-     "LoRA's exclude_modules is not supported"),
     # a feature turned on that the translator doesn't know is an error, never a warning
     ("+actor_rollout_ref.rollout.speculative.enable=True", "actor_rollout_ref.rollout.speculative.enable=True: turns "
                                                            "on a verl feature this translator doesn't know"),
     ("actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.strategy='megatron': the trainer is "
                                                   "FSDP2 only"),
-    ("actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean", "'geo_mean' is not a policy loss here"),
-    ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1", "a warmup ratio needs the run's total steps"),
+    ("actor_rollout_ref.actor.policy_loss.loss_mode=gvpo", "gvpo (recipe.gvpo) centres each response's log-ratio "
+                                                           "on its prompt group's mean"),
+    ("actor_rollout_ref.actor.policy_loss.loss_mode=dro", "spec.algorithm.policyLossConfig.droBeta: required "
+                                                          "with policyLoss dro"),
+    ("algorithm.adv_estimator=remax", "remax needs a greedy baseline generation per prompt on the rollout servers, "
+                                      "not built yet"),
+    ("algorithm.adv_estimator=gdpo", "gdpo normalises each reward component apart"),
+    ("algorithm.adv_estimator=optimal_token_baseline", "(sum_pi_squared), which the trainer's log-prob pass"),
     ("+data.apply_chat_template_kwargs.enable_thinking=False", "chat-template arguments (e.g. enable_thinking) "
                                                                "are not supported"),
     ("data.train_files=hdfs://nn/gsm8k/train.parquet", "hdfs:// is not a storage scheme here"),
@@ -414,7 +453,7 @@ def test_keys_with_no_meaning_here_are_warnings(monkeypatch, capsys):
 def test_features_we_do_not_have_are_errors(override, message, tmp_path, monkeypatch, capsys):
     out_file = tmp_path / "job.yaml"
     code, out, err = run_cli(["-", "-o", str(out_file)], stdin=BASE + override, monkeypatch=monkeypatch, capsys=capsys)
-    assert code == 1
+    assert code == 2
     assert any(line.startswith("error: ") and message in line for line in err.splitlines()), err
     assert "not translated" in err and not out_file.exists() and out == ""
 
@@ -798,17 +837,16 @@ def test_verl_yaml_config(tmp_path, capsys):
         "algorithm": {"advEstimator": "grpo", "normAdvByStd": False, "lossAggMode": "seq-mean-token-sum-norm",
                       "lossScaleFactor": 3072, "useKLLoss": False},
         "reward": {"function": "/rewards/my_reward.py:score_fn"},
-        "rollout": {"engine": "vllm", "n": 8, "tensorParallelSize": 1},
+        "rollout": {"engine": "vllm", "n": 8, "placement": "colocated", "replicas": 8, "tensorParallelSize": 1},
         "trainer": {"projectName": "yaml_demo", "experimentName": "qwen3_4b_drgrpo", "nprocPerNode": 8,
                     "miniBatchSize": 64, "maxTokensPerGPU": 8192, "lr": 2e-6, "lrScheduler": "cosine",
                     "totalEpochs": 30, "totalSteps": 300, "keepCheckpoints": None,
                     "loggers": ["console", "tensorboard"]},
     }
     warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
-    assert warnings[1:] == ["warning: actor_rollout_ref.rollout.response_length=3072: ignored: " + next(
+    # seq-mean-token-sum-norm is normalised as verl's trainer does: nothing to warn about
+    assert warnings == ["warning: actor_rollout_ref.rollout.response_length=3072: ignored: " + next(
         r.note for r in rules_for("actor_rollout_ref.rollout.response_length"))]
-    assert warnings[0].startswith("warning: actor_rollout_ref.actor.loss_agg_mode='seq-mean-token-sum-norm': "
-                                  "normalised as the Dr.GRPO paper")
 
 
 def test_full_verl_config_dump_is_summarised():
@@ -881,6 +919,31 @@ def test_verl_custom_reward_file_through_the_reward_pool(tmp_path):
         pool.close()
     assert [(r.score, r.extra, r.error) for r in results] == [(1.0, {"split": "train"}, None),
                                                               (0.1, {"split": None}, None)]
+
+
+def test_verl_reward_kwargs_reach_every_call_of_the_function(tmp_path):
+    """custom_reward_function.reward_kwargs (verl merges them into every compute_score call) become
+    reward.kwargs; without a custom function verl ignores them, and so does the translation."""
+    rewards = pytest.importorskip("grpo_rollout.rewards")
+    reward_file = tmp_path / "my_reward.py"
+    reward_file.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, "
+                           "format_score=0.0, marker=None, **kwargs):\n"
+                           "    return 1.0 if solution_str.endswith(marker['text'] + ' ' + ground_truth) else format_score\n")
+    t = translated(BASE + f"custom_reward_function.path={reward_file} "
+                   "+custom_reward_function.reward_kwargs.format_score=0.25 "
+                   "+custom_reward_function.reward_kwargs.marker.text='####'")
+    assert t.job.spec.reward.kwargs == {"format_score": 0.25, "marker": {"text": "####"}}
+    pool = rewards.RewardPool(t.job.spec.reward.function, workers=1, timeout_seconds=10,
+                              kwargs=t.job.spec.reward.kwargs)
+    try:
+        assert [r.score for r in pool.score([rewards.RewardRequest("d", "#### 12", "12"),
+                                             rewards.RewardRequest("d", "#### 11", "12")])] == [1.0, 0.25]
+    finally:
+        pool.close()
+    t = translated(BASE + "+custom_reward_function.reward_kwargs.format_score=0.25")
+    assert "kwargs" not in t.doc["spec"].get("reward", {})
+    assert any("reward_kwargs.format_score=0.25: ignored, as verl ignores it without custom_reward_function.path" in w
+               for w in t.warnings)
 
 
 # --- the table and its document ----------------------------------------------------------------
@@ -1056,8 +1119,56 @@ def test_migration_doc_worked_example_is_what_the_tool_writes():
     assert parse_job(yaml.safe_load(block)) == translated(SEED_SCRIPT).job
 
 
+def test_verls_other_policy_losses_and_their_keys():
+    # SAPO, as verl's example writes it (tau_* under policy_loss; verl's own keys are actor.tau_*):
+    # verl aggregates SAPO as seq-mean-token-mean whatever loss_agg_mode says, and so does the job
+    t = translated(BASE + "actor_rollout_ref.actor.policy_loss.loss_mode=sapo "
+                          "actor_rollout_ref.actor.policy_loss.tau_pos=1.0 actor_rollout_ref.actor.policy_loss.tau_neg=1.2")
+    algo = t.doc["spec"]["algorithm"]
+    assert (algo["policyLoss"], algo["lossAggMode"], algo["policyLossConfig"]) == (
+        "sapo", "seq-mean-token-mean", {"tauPos": 1.0, "tauNeg": 1.2})
+    t = translated(BASE + "actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean actor_rollout_ref.actor.use_kl_loss=True "
+                          "actor_rollout_ref.actor.loss_agg_mode=token-mean")
+    assert t.doc["spec"]["algorithm"]["lossAggMode"] == "seq-mean-token-mean"
+    assert any("whatever this says" in w for w in t.warnings)
+    assert any("KL loss and entropy bonus are aggregated as seq-mean-token-mean too (verl: as token-mean)" in w
+               for w in t.warnings)
+    # the entropy-mechanism recipe's keys; the loss modes that aggregate per token keep the mode asked for
+    t = translated(BASE + "actor_rollout_ref.actor.policy_loss.loss_mode=kl_cov actor_rollout_ref.actor.loss_agg_mode="
+                          "token-mean actor_rollout_ref.actor.policy_loss.kl_cov_ratio=0.002 "
+                          "actor_rollout_ref.actor.policy_loss.ppo_kl_coef=1 actor_rollout_ref.actor.clip_ratio_c=10.0")
+    algo = t.doc["spec"]["algorithm"]
+    assert (algo["policyLoss"], algo["lossAggMode"], algo["policyLossConfig"]) == (
+        "kl_cov", "token-mean", {"klCovRatio": 0.002, "ppoKlCoef": 1})
+    t = translated(BASE + "actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov "
+                          "actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0.0002 "
+                          "actor_rollout_ref.actor.policy_loss.clip_cov_lb=1.0 actor_rollout_ref.actor.policy_loss.clip_cov_ub=5.0")
+    assert t.doc["spec"]["algorithm"]["policyLossConfig"] == {"clipCovRatio": 0.0002, "clipCovLb": 1.0, "clipCovUb": 5.0}
+    assert "lossAggMode" not in t.doc["spec"]["algorithm"]
+    # CISPO's recipe leaves the ratio unbounded below with clip_ratio_low=10; GPG with its estimator
+    t = translated(BASE + "actor_rollout_ref.actor.policy_loss.loss_mode=cispo actor_rollout_ref.actor.clip_ratio_low=10")
+    assert t.doc["spec"]["algorithm"]["clipRatioLow"] == 10
+    t = translated(BASE.replace("algorithm.adv_estimator=grpo", "algorithm.adv_estimator=gpg")
+                   + "actor_rollout_ref.actor.policy_loss.loss_mode=gpg")
+    assert (t.doc["spec"]["algorithm"]["advEstimator"], t.doc["spec"]["algorithm"]["policyLoss"]) == ("gpg", "gpg")
+    t = translated(BASE + "actor_rollout_ref.actor.policy_loss.loss_mode=dro actor_rollout_ref.actor.policy_loss.dro_beta=0.1")
+    assert t.doc["spec"]["algorithm"]["policyLossConfig"] == {"droBeta": 0.1}
+
+
 def test_unsupported_is_a_value_error():
     assert issubclass(Unsupported, ValueError)
     with pytest.raises(Unsupported):
         next(r for r in RULES if r.verl == "algorithm.adv_estimator").convert("remax", None)
     assert markdown_table().count("\n") == len(RULES) + 2
+
+
+def test_actor_offload_maps_only_where_verl_has_a_phase_to_free_the_gpus_for():
+    # verl's hybrid engine moves the actor off the GPUs while it generates: so does colocated
+    # placement here; separate placement's trainer GPUs are its own (nothing to free them for).
+    offload = (" actor_rollout_ref.actor.fsdp_config.param_offload=True"
+               " actor_rollout_ref.actor.fsdp_config.optimizer_offload=True")
+    trainer = translated(SEED_COMMAND + offload).doc["spec"]["trainer"]
+    assert trainer["paramOffload"] is True and trainer["optimizerOffload"] is True
+    separate = translated(SEED_COMMAND + offload + " actor_rollout_ref.hybrid_engine=False").doc["spec"]
+    assert "paramOffload" not in separate["trainer"] and "optimizerOffload" not in separate["trainer"]
+    assert separate["rollout"]["placement"] == "separate"

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from grpo_api.records import ROLLOUT_SCHEMA, RunLayout
-from grpo_api.rollout_history import Filters, RolloutHistory
+from grpo_trainer.rollout_history import Filters, RolloutHistory
 from grpo_api.storage import Storage
 from grpo_trainer.retention import prune_rollouts, steps_to_delete
 

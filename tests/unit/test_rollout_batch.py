@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from grpo_trainer.rollouts import Prefetch, RolloutBatch
+from grpo_trainer.state import TrainerState
 
 
 def _batch(step=2, **changes):
@@ -28,13 +29,14 @@ def test_a_pending_batch_of_a_checkpoint_written_before_rollout_batches_still_re
     legacy = {"uris": ["s3://b/r/rollouts/step-3/train-shard-000-attempt-1.parquet"], "epoch": 1, "prompts": 4,
               "reward_s": 0.25, "sampler": {"epoch": 1, "position": 3}, "generate_s": 2.0,
               "keep": [1, 3], "filtered_groups": 2}
-    state = {"step": 2, "policy_version": 2, "sampler": {"epoch": 1, "position": 2}, "pending_rollouts": legacy}
-    batch = RolloutBatch.from_checkpoint(legacy, state)
+    flat = {"step": 2, "policy_version": 2, "sampler": {"epoch": 1, "position": 2}, "pending_rollouts": legacy}
+    state = TrainerState.from_json(json.dumps(flat))     # as resume reads that checkpoint
+    batch = RolloutBatch.from_checkpoint(state.rollouts.pending_rollouts, state.rollouts, state.trainer)
     assert (batch.step, batch.policy_version, batch.epoch, batch.uris) == (3, 1, 1, legacy["uris"])
     assert batch.sampler_before == {"epoch": 1, "position": 2} and batch.sampler_after == {"epoch": 1, "position": 3}
     assert (batch.keep, batch.filtered_groups, batch.generate_s, batch.off_policy) == ([1, 3], 2, 2.0, True)
     # one written now comes back as it was
-    assert RolloutBatch.from_checkpoint(_batch(3).to_json(), state) == _batch(3)
+    assert RolloutBatch.from_checkpoint(_batch(3).to_json(), state.rollouts, state.trainer) == _batch(3)
 
 
 def test_the_batch_generates_in_the_background_and_is_taken_by_its_step():

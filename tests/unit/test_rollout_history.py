@@ -1,4 +1,4 @@
-"""grpo_api.rollout_history (issue 35): which shard files of a step are the accepted training
+"""grpo_trainer.rollout_history (issue 35): which shard files of a step are the accepted training
 ones (the step's accepted.json, else each shard's highest attempt), and the --steps syntax. The
 export on a real run: tests/integration/test_rollouts_export.py."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from grpo_api.rollout_history import AcceptedRollouts, RolloutHistory, RunNotFound, parse_steps, spec_digest
+from grpo_trainer.rollout_history import AcceptedRollouts, RolloutHistory, RunNotFound, parse_steps, spec_digest
 from grpo_api.storage import Storage
 
 

@@ -65,7 +65,7 @@ INVALID_SPECS = [
     ({"algorithm.advEstimator": "remax"}, "spec.algorithm.advEstimator", "'grpo'"),
     ({"algorithm.lossAggMode": "mean"}, "spec.algorithm.lossAggMode", "token-mean"),
     ({"algorithm.klLossType": "k4"}, "spec.algorithm.klLossType", "low_var_kl"),
-    ({"algorithm.clipRatioLow": 1.0}, "spec.algorithm.clipRatioLow", "less than 1"),
+    ({"algorithm.clipRatioLow": -0.1}, "spec.algorithm.clipRatioLow", "greater than or equal to 0"),
     ({"algorithm.clipRatioC": 1.0}, "spec.algorithm.clipRatioC", "greater than 1"),
     ({"algorithm.gamma": 2}, "spec.algorithm.gamma", "less than or equal to 1"),
     ({"trainer.miniBatchSize": 5}, "spec.trainer.miniBatchSize", "must divide data.trainBatchSize"),
@@ -73,6 +73,20 @@ INVALID_SPECS = [
     ({"trainer.nprocPerNode": 3}, "spec.trainer.nprocPerNode", "split evenly"),
     ({"trainer.maxTokensPerGPU": 100}, "spec.trainer.maxTokensPerGPU", "so one sequence fits"),
     ({"algorithm.policyLoss": "gspo"}, "spec.algorithm.lossAggMode", "seq-mean-token-mean with policyLoss gspo"),
+    ({"algorithm.policyLoss": "sapo"}, "spec.algorithm.lossAggMode", "seq-mean-token-mean with policyLoss sapo"),
+    ({"algorithm.policyLoss": "geo_mean", "algorithm.lossAggMode": "token-mean"}, "spec.algorithm.lossAggMode",
+     "seq-mean-token-mean with policyLoss geo_mean"),
+    ({"algorithm.policyLoss": "ppo"}, "spec.algorithm.policyLoss", "'clip_cov'"),
+    ({"algorithm.policyLoss": "dro"}, "spec.algorithm.policyLossConfig.droBeta", "required with policyLoss dro"),
+    ({"algorithm.policyLossConfig": {"clipCovLb": 5.0, "clipCovUb": 1.0}}, "spec.algorithm.policyLossConfig.clipCovUb",
+     "must be > clipCovLb"),
+    ({"algorithm.policyLossConfig": {"clipCovRatio": 0}}, "spec.algorithm.policyLossConfig.clipCovRatio",
+     "greater than 0"),
+    ({"algorithm.policyLossConfig": {"tauNeg": 0}}, "spec.algorithm.policyLossConfig.tauNeg", "greater than 0"),
+    ({"algorithm.policyLoss": "geo_mean", "algorithm.lossAggMode": "seq-mean-token-mean",
+      "algorithm.rolloutCorrection": {"rolloutIs": "token"}}, "spec.algorithm.rolloutCorrection.rolloutIs",
+     "geometric mean of its token weights"),
+    ({"algorithm.advEstimator": "grpo_passk", "rollout.n": 1}, "spec.rollout.n", "must be >= 2 for advEstimator grpo_passk"),
     ({"trainer.lr": -1e-6}, "spec.trainer.lr", "greater than or equal to 0"),
     ({"trainer.loggers": ["neptune"]}, "spec.trainer.loggers[0]", "'wandb' or 'mlflow'"),
     ({"trainer.trackerSecretRef": "WandB_Keys"}, "spec.trainer.trackerSecretRef", "match"),
@@ -98,6 +112,17 @@ INVALID_SPECS = [
     ({"model.path": "/models/qwen", "model.cache": {"claimName": "models"}}, "spec.model.cache",
      "nothing to fetch: model.path '/models/qwen' is a folder the pods already see"),
     ({"model.cache": {"claimName": "Models_PVC"}}, "spec.model.cache.claimName", "match"),
+    # sections the chosen algorithm ignores, and strings where the CRD wants a boolean or a number (issue 48)
+    ({"critic.lr": 1e-4}, "spec.critic", "used only with algorithm.advEstimator gae (got grpo)"),
+    ({"rollout.multiTurn.python.replicas": 2}, "spec.rollout.multiTurn.python.replicas",
+     "sandbox servers run only the python tool"),
+    ({"algorithm.useKLLoss": "yes"}, "spec.algorithm.useKLLoss", "valid boolean (got 'yes')"),
+    ({"data.trainBatchSize": "16"}, "spec.data.trainBatchSize", "valid integer (got '16')"),
+    ({"rollout.n": 4.5}, "spec.rollout.n", "valid integer"),
+    ({"trainer.lrWarmupSteps": 5, "trainer.lrWarmupStepsRatio": 0.1}, "spec.trainer.lrWarmupStepsRatio",
+     "not both"),
+    ({"trainer.lrWarmupStepsRatio": 1.5}, "spec.trainer.lrWarmupStepsRatio", "less than or equal to 1"),
+    ({"trainer.valOnly": True}, "spec.trainer.valOnly", "needs data.valFiles"),
 ]
 
 
@@ -105,6 +130,21 @@ INVALID_SPECS = [
 def test_bad_spec_names_field_and_reason(changes, field, reason):
     errors = errors_of(job_with(**changes))
     assert any(e.startswith(field + ":") and reason in e for e in errors), errors
+
+
+def test_sections_at_their_defaults_and_yaml_numbers_pass(tmp_path):
+    # A resolved job (every default written out, critic included) reads back; the critic is PPO's.
+    assert parse_job(yaml.safe_load(dump_job(parse_job(BASE)))).spec.critic.lr == 1e-5
+    ppo = parse_job(job_with(**{"algorithm.advEstimator": "gae", "rollout.n": 1, "critic.lr": 1e-4}))
+    assert ppo.spec.critic.lr == 1e-4
+    python = job_with(**{"rollout.multiTurn": {"enable": True, "tools": ["python"], "python": {"replicas": 2}}})
+    assert parse_job(python).spec.rollout.multi_turn.python.replicas == 2
+    # kubectl reads `1e-6` as a number (YAML 1.1 as a string): so does grpo validate, strict as it is
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(BASE) + "  algorithm: {klLossCoef: 1e-3}\n")   # under spec:
+    assert load_job(path, ["trainer.lr=2e-6"]).spec.trainer.lr == 2e-6
+    assert load_job(path).spec.algorithm.kl_loss_coef == 1e-3
+    assert parse_job(job_with(**{"rollout.n": 4.0})).spec.rollout.n == 4    # kubectl sends 4.0 as 4
 
 
 def test_all_field_errors_reported_at_once():
@@ -235,3 +275,6 @@ def test_help_says_what_every_command_does_without_importing_torch():
     assert {"validate", "run", "operator", "trainer", "rollout", "from-verl", "crd", "export"} <= set(listed)
     assert all(len(text) > 20 for text in listed.values()), listed
     assert listed["validate"] == "Check GRPOJob files and list every error with its field path (the operator's checks too)."
+    # each summary a whole sentence, none cut where its docstring wraps
+    assert all(text.endswith(".") for text in listed.values()), listed
+    assert listed["export"].endswith("its adapter in OUT/lora_adapter)."), listed["export"]

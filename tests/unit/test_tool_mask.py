@@ -77,6 +77,10 @@ def test_multi_turn_metrics_count_turns_calls_and_errors():
     rows = [{"num_turns": 3, "tool_calls": [ok]}, {"num_turns": 5, "tool_calls": [ok, {"name": "x", "error": "timeout"}]},
             {"num_turns": 1, "tool_calls": []}]
     samples = [batching.Sample("u", 0, i, [1], [2], [-0.1], 0.0, "stop", 0, [1], a) for i, a in enumerate(rows)]
+    none = {"tool_calls/errors/parse": 0, "tool_calls/errors/unknown_tool": 0, "tool_calls/errors/tool_error": 0,
+            "tool_calls/errors/unavailable": 0, "tool_calls/errors/crash": 0}
     assert multi_turn_metrics(samples) == {"num_turns/mean": 3.0, "num_turns/min": 1, "num_turns/max": 5,
-                                           "tool_calls/mean": 1.0, "tool_calls/errors": 1}
+                                           "tool_calls/mean": 1.0, "tool_calls/errors": 1,
+                                           "tool_calls/error_fraction": 1 / 3,      # 1 failed of 3 calls
+                                           **none, "tool_calls/errors/timeout": 1}
     assert multi_turn_metrics([batching.Sample("u", 0, 0, [1], [2], [-0.1], 0.0, "stop", 0)]) == {}

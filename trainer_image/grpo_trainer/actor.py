@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from grpo_api.spec import GRPOJobSpec, ModelSpec
 from grpo_trainer import batch as batching
+from grpo_trainer import lora
 from grpo_trainer.algorithms import (KLController, LossNormalizer, compute_advantages, entropy_from_logits,
                                      kl_penalty, logprobs_from_logits, masked_mean, policy_loss)
 from grpo_trainer.algorithms.rollout_correction import (correction_metrics, rollout_is_weights,
@@ -29,7 +30,12 @@ from grpo_trainer.batch import MicroBatch, Sample
 from grpo_trainer.attention import varlen_kwargs
 from grpo_trainer.critic import Critic
 from grpo_trainer.lm_head import fused_head
-from grpo_trainer.model import build_optimizer, build_policy, build_reference, num_parameters
+from grpo_trainer.collectives import SetupError
+from grpo_trainer.model import build_optimizer, build_policy, build_reference, model_config, num_parameters
+from grpo_trainer.offload import PhaseOffload
+from grpo_trainer.state import ActorState
+from grpo_trainer import vision
+from grpo_trainer.vision import forward_kwargs
 
 log = logging.getLogger("grpo.trainer")
 
@@ -47,17 +53,18 @@ def forward_logprobs(model, mb: MicroBatch, temperature: float, *, with_entropy:
     start = mb.response_start
     width = mb.input_ids.shape[1]
     head = fused_head(model)
+    vision = forward_kwargs(model, mb.input_ids, mb.attention_mask, mb.pixels)   # a VL model's images, positions
     if head is not None:
         # The head sees positions start..width-1; the last one predicts nothing.
         select = F.pad(mb.predicts_response[:, start:], (0, 1))
         with head.request(select, mb.targets[:, start:][mb.predicts_response[:, start:]], temperature,
                           with_entropy=with_entropy, entropy_grad=entropy_grad and torch.is_grad_enabled()):
             out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False,
-                        logits_to_keep=width - start).logits
+                        logits_to_keep=width - start, **vision).logits
         out = F.pad(out[:, :-1], (0, 0, start, 0))
         return out[..., 0], out[..., 1] if with_entropy else None
     logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False,
-                   logits_to_keep=width - start).logits
+                   logits_to_keep=width - start, **vision).logits
     logits = logits[:, :-1]
     if temperature > 0:
         logits = logits / temperature
@@ -102,6 +109,16 @@ def _packed_logprobs(model, mb: MicroBatch, temperature: float, with_entropy: bo
     return padded(logp), padded(entropy)
 
 
+def check_engine_logprobs(micro_batches: list[MicroBatch]) -> None:
+    """An off-policy update or rollout correction reads the engine's log-probs: rollouts
+    generated for an on-policy step carry none (grpo_trainer.rollouts.engine_logprobs_needed)."""
+    if any(mb.behaviour_logprobs is None for mb in micro_batches):
+        raise ValueError("this step's rollouts carry no behaviour log-probs (they were generated for an on-policy "
+                         "step: rollout.maxStaleness 0, no algorithm.rolloutCorrection), but the update reads them "
+                         "(maxStaleness 1 or rolloutCorrection); set rollout.calculateLogProbs: true where such "
+                         "rollouts are generated")
+
+
 @torch.no_grad()
 def compute_logprobs(model, micro_batches: list[MicroBatch], temperature: float) -> list[torch.Tensor]:
     return [forward_logprobs(model, mb, temperature)[0].detach() for mb in micro_batches]
@@ -117,15 +134,37 @@ class UpdateResult:
 
 
 class Actor:
+    @staticmethod
+    def check(model_spec: ModelSpec) -> dict | None:
+        """The policy's spec.model against the model's config alone, before the trainer writes
+        anything: with LoRA, its targets and adapterPath. Returns LoRA's PEFT config (JSON-able:
+        checkpoints and exports keep it), None without LoRA."""
+        if model_spec.lora and vision.is_vision_language(model_config(model_spec)):
+            raise SetupError("spec.model.lora: LoRA on a vision-language model is not built yet (issue 45); "
+                             "train every weight (trainer.freezeVisionTower keeps the vision tower as loaded)")
+        return lora.check_spec(model_spec) if model_spec.lora else None
+
     def __init__(self, model_spec: ModelSpec, spec: GRPOJobSpec, *, device: torch.device, total_steps: int,
                  pad_token_id: int):
         self.spec, self.device, self.pad_token_id = spec, device, pad_token_id
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if spec.algorithm.adv_estimator.value == "gae" and vision.is_vision_language(model_config(model_spec)):
+            raise SetupError("spec.algorithm.advEstimator: gae (PPO's critic) on a vision-language model is not built "
+                             "yet (issue 45); use grpo, rloo, reinforce_plus_plus or another outcome estimator")
         compile = spec.trainer.use_torch_compile
-        self.model = build_policy(model_spec, device, compile=compile)
+        self.model = build_policy(model_spec, device, compile=compile, wrap=lora.wrapper(model_spec),
+                                  freeze_vision=spec.trainer.freeze_vision_tower)
         algo = spec.algorithm
         self.lora = model_spec.lora is not None
         self.pack = model_spec.use_remove_padding   # packed micro-batches (batch.Packed)
+        # A VL model's images, per micro-batch (grpo_trainer.vision); its rows are never packed.
+        self.image_processor = vision.load_image_processor(model_spec) if vision.is_vision_language(
+            self.model.config) else None
+        if self.image_processor is not None and self.pack:
+            self.pack = False
+            if self.rank == 0:
+                log.warning("spec.model.useRemovePadding: a vision-language model's micro-batches are padded, not "
+                            "packed (its mrope positions are not packed yet, issue 45)")
         # With LoRA the reference is the policy with its adapters off (`_reference`): no copy.
         self.uses_reference = algo.use_kl_loss or algo.use_kl_in_reward
         self.ref = (build_reference(model_spec, device, cpu_offload=spec.trainer.ref_cpu_offload, compile=compile)
@@ -134,16 +173,20 @@ class Actor:
                                     algo.kl_ctrl.horizon)
         self.optimizer, self.scheduler = build_optimizer(self.model, spec.trainer, total_steps)
         self.n_params = num_parameters(self.model)
+        # trainer.paramOffload / optimizerOffload: off the GPU while the colocated engines generate
+        self.offloader = PhaseOffload(self.model, self.optimizer, params=spec.trainer.param_offload,
+                                      optimizer_state=spec.trainer.optimizer_offload, device=device)
         # PPO's value model: its values make the advantages (GAE) instead of the group's rewards.
         self.critic = (Critic(model_spec, spec, device=device, total_steps=total_steps)
                        if spec.algorithm.adv_estimator.value == "gae" else None)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> ActorState:
         """For the checkpoint, beside the models: the KL penalty's coefficient (adaptive, it moves)."""
-        return {"kl_coef": self.kl_ctrl.value}
+        return ActorState(kl_coef=self.kl_ctrl.value)
 
-    def load_state_dict(self, state: dict) -> None:
-        self.kl_ctrl.value = state.get("kl_coef", self.kl_ctrl.value)
+    def load_state_dict(self, state: ActorState) -> None:
+        if state.kl_coef is not None:      # None: a checkpoint older than the adaptive coefficient
+            self.kl_ctrl.value = state.kl_coef
 
     def checkpoint_parts(self) -> dict:
         """What a checkpoint holds: (model, optimizer, scheduler) by name."""
@@ -202,7 +245,7 @@ class Actor:
         rc = self.spec.algorithm.rollout_correction
         if rc is None or rc.bypass_mode:
             return {}
-        ratios, kept, rejected, weights = [], [], [], []
+        ratios, kept, rejected, weights, seq_ratios = [], [], [], [], []
         for mb in (mb for mbs in minibatches for mb in mbs):
             mask = mb.response_mask
             log_ratio = (old_logp[id(mb)] - mb.behaviour_logprobs) * mask
@@ -210,6 +253,7 @@ class Actor:
                 mb.is_weights = rollout_is_weights(log_ratio, mask, rc.rollout_is, upper=rc.rollout_is_threshold,
                                                    lower=rc.rollout_is_threshold_lower)
                 weights.append(mb.is_weights[mask.bool()])
+                seq_ratios.append(log_ratio.sum(dim=-1)[mask.sum(dim=-1) > 0])
             if rc.rollout_rs:
                 mb.response_mask = rollout_rejection_mask(log_ratio, mask, rc.rollout_rs, upper=rc.rollout_rs_threshold,
                                                           lower=rc.rollout_rs_threshold_lower)
@@ -217,7 +261,9 @@ class Actor:
             kept.append(mb.response_mask[mask.bool()])
             rejected.append((mb.response_mask < mask).any(dim=-1))
         return correction_metrics(torch.cat(ratios), torch.cat(kept), torch.cat(rejected),
-                                  torch.cat(weights) if weights else None)
+                                  torch.cat(weights) if weights else None,
+                                  torch.cat(seq_ratios) if rc.rollout_is == "sequence" else None,
+                                  icepop=rc.rollout_is_threshold_lower is not None)
 
     def _kl_in_reward(self, samples: list[Sample], minibatches, rewards: torch.Tensor, mask: torch.Tensor,
                       old_logp: dict, ref_logp: dict | None) -> tuple[torch.Tensor, dict[str, float]]:
@@ -265,8 +311,12 @@ class Actor:
         for start in range(0, len(samples), per_mini):
             share = batching.rank_share(list(range(start, start + per_mini)), self.rank, self.world)
             groups = batching.micro_batches(share, samples, max_count=max_count, max_tokens=max_tokens, packed=pack)
-            out.append([batching.collate(g, samples, None, self.pad_token_id, self.device, pack=pack)
-                        for g in groups])
+            mbs = [batching.collate(g, samples, None, self.pad_token_id, self.device, pack=pack) for g in groups]
+            if self.image_processor is not None:
+                for mb in mbs:
+                    pixels = vision.pixel_inputs(self.image_processor, [b for i in mb.indices for b in samples[i].images])
+                    mb.pixels = pixels.to(self.device) if pixels is not None else None
+            out.append(mbs)
         return out
 
     def _logprobs(self, minibatches, off_policy: bool, timings: dict[str, float]) -> tuple[dict, dict | None]:
@@ -277,6 +327,8 @@ class Actor:
         flat = [mb for mbs in minibatches for mb in mbs]
         old_logp, timings["timing_s/old_log_prob"] = {}, 0.0    # 0: no forward pass (perf/mfu counts them)
         rc = self.spec.algorithm.rollout_correction
+        if off_policy or rc is not None:        # what follows reads the engine's log-probs
+            check_engine_logprobs(flat)
         if rc is not None and rc.bypass_mode:   # verl's bypass: the engine's log-probs are the old policy
             old_logp = {id(mb): mb.behaviour_logprobs for mb in flat}
         elif off_policy and rc is None:
@@ -334,7 +386,7 @@ def update_policy(model, optimizer, scheduler, spec: GRPOJobSpec, minibatches: l
                     algo.policy_loss, old, logp, mb.advantages, mb.response_mask,
                     clip_ratio_low=algo.clip_ratio_low, clip_ratio_high=algo.clip_ratio_high,
                     clip_ratio_c=algo.clip_ratio_c, loss_agg_mode=algo.loss_agg_mode, normalizer=norm,
-                    weights=mb.is_weights)
+                    weights=mb.is_weights, config=algo.policy_loss_config)
                 loss = pg_loss
                 sums["actor/pg_loss"] += pg_loss.item() / world
                 if algo.use_kl_loss and ref_logp is not None:

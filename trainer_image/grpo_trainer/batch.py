@@ -9,7 +9,7 @@ on mixed lengths. Tensors are over the shifted sequence (position t predicts tok
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import torch
@@ -24,12 +24,15 @@ class Sample:
     sample_index: int
     prompt_ids: list[int]
     response_ids: list[int]
-    behaviour_logprobs: list[float]
+    behaviour_logprobs: list[float] | None   # None: the engine was asked for none (engine_logprobs_needed)
     reward: float
     finish_reason: str
     policy_version: int = 0       # of the weights that generated it
     loss_mask: list[int] | None = None   # multi-turn: 1 for the model's tokens, 0 for tools'; None: all 1
     agent: dict | None = None            # multi-turn: the trajectory's turns and tool calls (record `agent`)
+    reward_error: str | None = None      # how the reward function failed (record `reward_error`), None: it didn't
+    reward_extra: dict | None = None     # the reward function's extra fields, its error message (record `reward_extra`)
+    images: list[bytes] = field(default_factory=list)   # a VL model's prompt images, encoded (record `images`)
 
     @property
     def length(self) -> int:
@@ -49,15 +52,22 @@ class Sample:
         return max((i for i, m in enumerate(self.loss_mask) if m), default=len(self.response_ids) - 1)
 
 
-def samples_from_table(table: pa.Table) -> list[Sample]:
+def samples_from_table(table: pa.Table, read_image=None) -> list[Sample]:
+    """`read_image(uri) -> bytes`: how a VL model's prompt images (the record's `images`) are read;
+    without it they are left out."""
     # Shards written before multi-turn have no response_mask: every response token is the model's.
+    # Nor reward_error (no reward function failure was recorded then: none is counted).
     has_mask = "response_mask" in table.column_names
     rows = table.select(["uid", "prompt_index", "sample_index", "prompt_ids", "response_ids",
-                         "response_logprobs", "reward", "finish_reason", "policy_version"]
-                        + (["response_mask", "agent"] if has_mask else [])).to_pylist()
+                         "response_logprobs", "reward", "finish_reason", "policy_version", "reward_extra"]
+                        + (["response_mask", "agent"] if has_mask else [])
+                        + (["reward_error"] if "reward_error" in table.column_names else [])
+                        + (["images"] if read_image is not None and "images" in table.column_names else [])).to_pylist()
     samples = [Sample(r["uid"], r["prompt_index"], r["sample_index"], r["prompt_ids"], r["response_ids"],
                       r["response_logprobs"], float(r["reward"]), r["finish_reason"], r["policy_version"],
-                      r.get("response_mask"), json.loads(r["agent"]) if r.get("agent") else None)
+                      r.get("response_mask"), json.loads(r["agent"]) if r.get("agent") else None,
+                      r.get("reward_error"), json.loads(r["reward_extra"]) if r["reward_extra"] else {},
+                      [read_image(u) for u in r.get("images") or ()])
                for r in rows]
     for s in samples:
         if s.loss_mask is not None and len(s.loss_mask) != len(s.response_ids):
@@ -168,13 +178,14 @@ class MicroBatch:
     targets: torch.Tensor         # [b, L-1] = input_ids shifted left
     response_mask: torch.Tensor   # [b, L-1]
     advantages: torch.Tensor      # [b, L-1]
-    behaviour_logprobs: torch.Tensor  # [b, L-1]: the rollout engine's logprob of each response token
+    behaviour_logprobs: torch.Tensor | None  # [b, L-1]: the engine's logprob of each response token; None: none reported
     response_start: int = 0       # first position that predicts a response token, over all rows
     predicts_response: torch.Tensor | None = None   # [b, L-1] bool: the positions of the responses' spans
     returns: torch.Tensor | None = None      # [b, L-1], PPO: the critic's targets
     old_values: torch.Tensor | None = None   # [b, L-1], PPO: the critic's values before its update
     is_weights: torch.Tensor | None = None   # [b, L-1], rollout correction's importance weights
     packed: Packed | None = None  # the model's input without padding; its outputs go back to [b, L-1]
+    pixels: object | None = None  # vision.PixelInputs: a VL model's images of these rows, in row order
 
     @property
     def num_tokens(self) -> int:
@@ -222,12 +233,13 @@ def collate(indices: list[int], samples: list[Sample], advantages: list[torch.Te
     attention = torch.zeros(b, width, dtype=torch.long)
     resp_mask = torch.zeros(b, width - 1)
     adv = torch.zeros(b, width - 1)
-    behaviour = torch.zeros(b, width - 1)
+    # The engine's log-probs, when every sample has them (an on-policy step asks for none).
+    behaviour = torch.zeros(b, width - 1) if all(samples[i].behaviour_logprobs is not None for i in indices) else None
     span = torch.zeros(b, width - 1, dtype=torch.bool)
     for row, i in enumerate(indices):
         s = samples[i]
         p, r = len(s.prompt_ids), len(s.response_ids)
-        if len(s.behaviour_logprobs) != r:
+        if s.behaviour_logprobs is not None and len(s.behaviour_logprobs) != r:
             raise ValueError(f"sample {s.uid}/{s.sample_index}: {len(s.behaviour_logprobs)} behaviour logprobs "
                              f"for {r} response tokens")
         input_ids[row, :p + r] = torch.tensor(s.prompt_ids + s.response_ids)
@@ -236,10 +248,12 @@ def collate(indices: list[int], samples: list[Sample], advantages: list[torch.Te
         span[row, p - 1:p - 1 + r] = True
         if advantages is not None:
             adv[row, p - 1:p - 1 + r] = advantages[i]
-        behaviour[row, p - 1:p - 1 + r] = torch.tensor(s.behaviour_logprobs)
+        if behaviour is not None:
+            behaviour[row, p - 1:p - 1 + r] = torch.tensor(s.behaviour_logprobs)
     start = min(len(samples[i].prompt_ids) for i in indices) - 1
     return MicroBatch(indices, input_ids.to(device), attention.to(device), input_ids[:, 1:].to(device),
-                      resp_mask.to(device), adv.to(device), behaviour.to(device), response_start=start,
+                      resp_mask.to(device), adv.to(device), behaviour.to(device) if behaviour is not None else None,
+                      response_start=start,
                       predicts_response=span.to(device),
                       packed=_pack(input_ids, attention, device) if pack else None)
 

@@ -16,12 +16,11 @@ in storage after the check is never read.
 it then keeps, and whose policy it exports as hf/best); it keeps trainer.keepCheckpoints and
 resumes what spec.resume names. What the
 trainer's components need back (step, version, sampler, a batch generated ahead, tracker
-runs, ...) comes in as one JSON-able dict, `trainer_state.json`.
+runs, ...) is `trainer_state.json`, one typed part per component (state.TrainerState).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -42,13 +41,15 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from grpo_api import signing
 from grpo_api.records import RunLayout
 from grpo_api.signing import ManifestError
-from grpo_api.spec import GRPOJobSpec
+from grpo_api.spec import StorageSpec, TrainerSpec
 from grpo_api.storage import Storage
 from grpo_trainer.collectives import all_gather_json, broadcast_json
+from grpo_trainer.compile_cache import CompileCache, model_config_digest
+from grpo_trainer.state import FILE as TRAINER_STATE
+from grpo_trainer.state import CheckpointerState, TrainerState
 
 log = logging.getLogger("grpo.trainer")
 MANIFEST = "manifest.json"
-TRAINER_STATE = "trainer_state.json"
 FORMAT = "torch.distributed.checkpoint"
 _STEP_DIR = re.compile(r"step-(\d+)$")
 
@@ -86,10 +87,10 @@ def resolve_resume(resume: str, layout: RunLayout, storage: Storage) -> str | No
     return uri
 
 
-def _keys(part: str) -> tuple[str, str, str]:
-    """(model, optimizer, scheduler) keys of a part: the policy's are the names checkpoints had
-    before a critic could be in them."""
-    return ("model", "optim", "scheduler") if part == "policy" else (part, f"{part}_optim", f"{part}_scheduler")
+def _keys(part: str) -> tuple[str, str]:
+    """(model, optimizer) keys of a part in DCP's files: the policy's are the names checkpoints
+    had before a critic could be in them."""
+    return ("model", "optim") if part == "policy" else (part, f"{part}_optim")
 
 
 def _model_options(model) -> StateDictOptions:
@@ -101,13 +102,13 @@ def _model_options(model) -> StateDictOptions:
 def _dcp_state(parts: dict) -> dict:
     state = {}
     for part, (model, optimizer, _) in parts.items():
-        model_key, optim_key, _ = _keys(part)
+        model_key, optim_key = _keys(part)
         state[model_key] = get_model_state_dict(model, options=_model_options(model))
         state[optim_key] = get_optimizer_state_dict(model, optimizer)
     return state
 
 
-def save(uri: str, *, parts: dict, trainer_state: dict, storage: Storage,
+def save(uri: str, *, parts: dict, trainer_state: TrainerState, storage: Storage,
          keep: int | None, layout: RunLayout, key: bytes, device: torch.device, protect: str | None = None) -> None:
     """`parts`: (model, optimizer, scheduler) by name ("policy", "critic"). Of the older
     checkpoints, `keep` are kept, and `protect` (the best one) whatever its age."""
@@ -118,11 +119,12 @@ def save(uri: str, *, parts: dict, trainer_state: dict, storage: Storage,
         # Every rank's generator: each draws its own dropout masks (LoRA's dropout) from it.
         by_rank = all_gather_json(torch.get_rng_state().tolist(), device)
         if rank == 0:
-            rng = {"torch": by_rank[0], "torch_by_rank": by_rank}
-            schedulers = {_keys(part)[2]: scheduler.state_dict() for part, (_, _, scheduler) in parts.items()}
-            extras = {**trainer_state, **schedulers, "rng": rng}
+            # The checkpointer's own part: the schedulers and generators are saved beside the models.
+            own = trainer_state.checkpointer.model_copy(update={
+                "rng": {"torch": by_rank[0], "torch_by_rank": by_rank},
+                "schedulers": {part: scheduler.state_dict() for part, (_, _, scheduler) in parts.items()}})
             with open(os.path.join(staging, TRAINER_STATE), "w") as f:
-                json.dump(extras, f)
+                f.write(trainer_state.model_copy(update={"checkpointer": own}).to_json())
         files = {}
         for name in sorted(os.listdir(staging)):
             path = os.path.join(staging, name)
@@ -135,7 +137,7 @@ def save(uri: str, *, parts: dict, trainer_state: dict, storage: Storage,
     everyone = all_gather_json(files, device)     # also the barrier: every rank's files are written
     if rank == 0:
         listed = {name: entry for ranks_files in everyone for name, entry in ranks_files.items()}
-        body = {"step": trainer_state["step"], "policy_version": trainer_state["policy_version"],
+        body = {"step": trainer_state.trainer.step, "policy_version": trainer_state.trainer.policy_version,
                 "format": FORMAT, "files": listed}
         storage.write_bytes(f"{uri}/{MANIFEST}", signing.sign(body, key))
         if keep:
@@ -175,7 +177,7 @@ def stage(uri: str, storage: Storage, key: bytes) -> tuple[str, dict]:
     return staging, manifest
 
 
-def load(uri: str, *, parts: dict, storage: Storage, key: bytes, device: torch.device) -> dict:
+def load(uri: str, *, parts: dict, storage: Storage, key: bytes, device: torch.device) -> TrainerState:
     """Load a complete, verified checkpoint into the sharded model and optimizer; return the
     trainer state. Every rank checks its own copy; all stop (ManifestError) if any copy fails,
     instead of the others waiting in DCP's collectives for it."""
@@ -191,29 +193,31 @@ def load(uri: str, *, parts: dict, storage: Storage, key: bytes, device: torch.d
         raise ManifestError(problems[0])
     try:
         with open(os.path.join(staging, TRAINER_STATE)) as f:
-            extras = json.load(f)
+            extras = TrainerState.from_json(f.read())
+        schedulers = extras.checkpointer.schedulers
         for part in parts:
-            if _keys(part)[2] not in extras:   # every rank reads the same file: all stop here
+            if part not in schedulers:   # every rank reads the same file: all stop here
                 raise ManifestError(f"{uri}: the checkpoint has no {part} (written by a job without one: "
                                     f"advEstimator gae trains a critic); start this job from its exported "
                                     f"model instead (spec.model.path)")
         state = _dcp_state(parts)
         dcp.load(state, checkpoint_id=staging)
         for part, (model, optimizer, scheduler) in parts.items():
-            model_key, optim_key, scheduler_key = _keys(part)
+            model_key, optim_key = _keys(part)
             set_model_state_dict(model, state[model_key], options=_model_options(model))
             set_optimizer_state_dict(model, optimizer, state[optim_key])
-            scheduler.load_state_dict(extras[scheduler_key])
+            scheduler.load_state_dict(schedulers[part])
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     # This rank's generator; rank 0's where the checkpoint has none for it (older, or fewer ranks).
-    by_rank = extras["rng"].get("torch_by_rank", [])
-    mine = by_rank[dist.get_rank()] if dist.get_rank() < len(by_rank) else extras["rng"]["torch"]
+    rng = extras.checkpointer.rng
+    by_rank = rng.get("torch_by_rank", [])
+    mine = by_rank[dist.get_rank()] if dist.get_rank() < len(by_rank) else rng["torch"]
     torch.set_rng_state(torch.tensor(mine, dtype=torch.uint8))
     return extras
 
 
-def load_full_state_dict(uri: str, storage: Storage, key: bytes) -> tuple[dict[str, torch.Tensor], dict]:
+def load_full_state_dict(uri: str, storage: Storage, key: bytes) -> tuple[dict[str, torch.Tensor], TrainerState]:
     """The model weights of a verified checkpoint as plain tensors, without a process group (for
     export), and its trainer state."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -223,40 +227,60 @@ def load_full_state_dict(uri: str, storage: Storage, key: bytes) -> tuple[dict[s
         dcp_to_torch_save(staging, out)
         full = torch.load(out, weights_only=True)["model"]
         with open(os.path.join(staging, TRAINER_STATE)) as f:
-            extras = json.load(f)
+            extras = TrainerState.from_json(f.read())
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return full, extras
 
 
+def open_compile_cache(spec: StorageSpec, storage: Storage, layout: RunLayout, key: bytes, *, device: torch.device,
+                       compile: bool, model_path: str) -> CompileCache | None:
+    """spec.storage.compileCache: the decoder layers an earlier trainer of this run compiled, kept
+    in the run and signed with the job's checkpoint key as its checkpoints are. Every rank restores
+    (the first of a machine unpacks), before anything compiles; rank 0 saves after a step that
+    compiled something new. None without a GPU or trainer.useTorchCompile (`compile`)."""
+    if device.type != "cuda" or not compile:
+        return None
+    cache = CompileCache.for_run(spec, storage, layout.root, key, "trainer", torch=torch.__version__,
+                                 gpu=torch.cuda.get_device_name(device), model=model_config_digest(model_path))
+    if cache is not None:
+        cache.restore()
+    return cache
+
+
 class Checkpointer:
-    def __init__(self, spec: GRPOJobSpec, *, parts: dict, layout: RunLayout, storage: Storage, key: bytes,
-                 device: torch.device, model_spec, adapter: Callable[[], dict | None] = lambda: None,
+    def __init__(self, trainer: TrainerSpec, *, resume: str, parts: dict, layout: RunLayout, storage: Storage,
+                 key: bytes, device: torch.device, model_spec, adapter: Callable[[], dict | None] = lambda: None,
                  lora_config: dict | None = None):
-        """parts: (model, optimizer, scheduler) by name, as the actor holds them; model_spec: the
+        """trainer: spec.trainer (saveFreq, keepCheckpoints, saveBest); resume: spec.resume.
+        parts: (model, optimizer, scheduler) by name, as the actor holds them; model_spec: the
         policy's model as loaded (its config and tokenizer go into the exports); adapter: with
         LoRA, a collective returning the adapters on rank 0 (exported beside the merged model,
         with their PEFT `lora_config`)."""
         self.adapter, self.lora_config = adapter, lora_config
-        self.spec, self.layout, self.storage, self.key, self.device = spec, layout, storage, key, device
+        self.trainer, self.resume_from = trainer, resume
+        self.layout, self.storage, self.key, self.device = layout, storage, key, device
         self.model_spec = model_spec
         self.parts = parts
         self.last: str | None = None   # the latest complete checkpoint, saved or resumed from
         self.best: dict | None = None  # trainer.saveBest: {"step", "score"} of the best step so far
+        self.resumed_own = False       # resumed from this job's own checkpoint (not spec.resume's <uri>)
 
-    def resume(self) -> dict | None:
+    def resume(self) -> TrainerState | None:
         """Collective: load the checkpoint spec.resume names into the model and optimizer, and
-        return its trainer state (with `own`: whether it is this job's own), or None to start fresh."""
-        uri = resolve_resume(self.spec.resume, self.layout, self.storage)
+        return its trainer state, or None to start fresh."""
+        uri = resolve_resume(self.resume_from, self.layout, self.storage)
         if uri is None:
             return None
         state = load(uri, parts=self.parts, storage=self.storage, key=self.key, device=self.device)
-        self.last, self.best = uri, state.get("best")
-        log.info("Resumed from %s (step %d, policy version %d)", uri, state["step"], state["policy_version"])
-        return {**state, "own": uri.startswith(self.layout.checkpoints + "/")}
+        self.last, self.best = uri, state.checkpointer.best
+        self.resumed_own = uri.startswith(self.layout.checkpoints + "/")
+        log.info("Resumed from %s (step %d, policy version %d)", uri, state.trainer.step,
+                 state.trainer.policy_version)
+        return state
 
     def should_save(self, step: int, *, last: bool) -> bool:
-        freq = self.spec.trainer.save_freq
+        freq = self.trainer.save_freq
         return last or (freq > 0 and step % freq == 0)
 
     def maybe_save(self, step: int, trainer_state: Callable[[], dict], metrics: dict, *, last: bool,
@@ -277,7 +301,7 @@ class Checkpointer:
 
     def _new_best(self, step: int, metrics: dict) -> bool:
         """Collective: whether rank 0's metrics make `step` the best so far (trainer.saveBest)."""
-        rule = self.spec.trainer.save_best
+        rule = self.trainer.save_best
         if rule is None:
             return False
         score = metrics.get(rule.metric) if dist.get_rank() == 0 else None
@@ -291,11 +315,13 @@ class Checkpointer:
         return decided is not None
 
     def save(self, step: int, trainer_state: dict) -> float:
-        """Collective: checkpoint step `step` now (rank 0's `trainer_state` is the one kept)."""
+        """Collective: checkpoint step `step` now. `trainer_state`: each component's part by name
+        (state.TrainerState; rank 0's is the one kept)."""
         start = time.perf_counter()
         uri = self.layout.checkpoint(step)
-        save(uri, parts=self.parts, trainer_state={"step": step, **trainer_state, "best": self.best},
-             storage=self.storage, keep=self.spec.trainer.keep_checkpoints, layout=self.layout, key=self.key,
+        state = TrainerState.model_validate({**trainer_state, "checkpointer": CheckpointerState(best=self.best)})
+        save(uri, parts=self.parts, trainer_state=state,
+             storage=self.storage, keep=self.trainer.keep_checkpoints, layout=self.layout, key=self.key,
              device=self.device, protect=self.layout.checkpoint(self.best["step"]) if self.best else None)
         self.last = uri
         if dist.get_rank() == 0:

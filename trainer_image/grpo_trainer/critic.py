@@ -26,6 +26,17 @@ from grpo_trainer.model import build_critic, build_optimizer, num_parameters
 log = logging.getLogger("grpo.trainer")
 
 
+def explained_variance(returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> float:
+    """How much of the returns' variance the critic's values explain, over the response tokens:
+    1 - Var(returns - values) / (Var(returns) + 1e-5), unbiased variances (verl's
+    critic/vf_explained_var). 1: the values predict the returns; 0 or less: no better than their mean."""
+    keep = mask.bool()
+    r, v = returns[keep].double(), values[keep].double()
+    if r.numel() < 2:
+        return float("nan")
+    return float(1.0 - torch.var(r - v) / (torch.var(r) + 1e-5))
+
+
 def forward_values(model, mb: MicroBatch) -> torch.Tensor:
     """[b, L-1]: position t's value is the state's before token t+1 (as the log-probs are aligned)."""
     if mb.packed is not None:    # one row without padding: the values go back to [b, L-1]
@@ -69,7 +80,8 @@ class Critic:
         for name, per_sample in (("returns", returns), ("old_values", values.cpu())):
             batching.set_response_values(flat, samples, name, per_sample)
         self.metrics = {"critic/values/mean": float(masked_mean(values.cpu(), mask)),
-                        "critic/returns/mean": float(masked_mean(returns, mask))}
+                        "critic/returns/mean": float(masked_mean(returns, mask)),
+                        "critic/vf_explained_var": explained_variance(returns, values.cpu(), mask)}
         return advantages
 
     def update(self, timings: dict[str, float]) -> dict[str, float]:

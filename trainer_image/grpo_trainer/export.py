@@ -16,16 +16,20 @@ from grpo_api.storage import Storage
 
 
 def save_hf(weights: dict[str, torch.Tensor], model_spec: ModelSpec, uri: str, storage: Storage) -> None:
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
     from grpo_trainer.model import load_tokenizer
+    from grpo_trainer.vision import auto_model_class, is_vision_language
     config = AutoConfig.from_pretrained(model_spec.path, trust_remote_code=model_spec.trust_remote_code)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=model_spec.trust_remote_code)
+        model = auto_model_class(config).from_config(config, trust_remote_code=model_spec.trust_remote_code)
     model.load_state_dict(weights, strict=False, assign=True)
     model.tie_weights()
     local = uri.removeprefix("file://") if uri.startswith("file://") else tempfile.mkdtemp(prefix="grpo-hf-")
     model.to(getattr(torch, model_spec.dtype.value)).save_pretrained(local, safe_serialization=True)
     load_tokenizer(model_spec).save_pretrained(local)
+    if is_vision_language(config):     # the image processor: the export is a VL model folder too
+        from transformers import AutoImageProcessor
+        AutoImageProcessor.from_pretrained(model_spec.path).save_pretrained(local)
     if not uri.startswith("file://"):
         for name in os.listdir(local):
             with open(os.path.join(local, name), "rb") as f:

@@ -51,7 +51,8 @@ def lora_config(model_spec: ModelSpec):
     targets = lora.target_modules
     return LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias="none",
                       task_type="CAUSAL_LM",
-                      target_modules="all-linear" if targets == ["all-linear"] else list(targets))
+                      target_modules="all-linear" if targets == ["all-linear"] else list(targets),
+                      exclude_modules=lora.exclude_modules)
 
 
 def config_from_dict(d: dict):
@@ -89,6 +90,13 @@ def add_adapters(model, model_spec: ModelSpec):
     if model_spec.lora.adapter_path and not _on_meta(model):
         return PeftModel.from_pretrained(model, model_spec.lora.adapter_path, is_trainable=True)
     return get_peft_model(model, config)
+
+
+def wrapper(model_spec: ModelSpec):
+    """model.build_policy's `wrap`: the adapters of spec.model.lora on the model (None without)."""
+    if model_spec.lora is None:
+        return None
+    return lambda model: add_adapters(model, model_spec)
 
 
 @contextlib.contextmanager

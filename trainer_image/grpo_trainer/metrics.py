@@ -1,5 +1,5 @@
 """Where a step's metrics go: console lines (verl-style), metrics.jsonl, TensorBoard, Prometheus,
-W&B and MLflow (trackers.py), and progress.json (which the operator reads for status). Rank 0 only."""
+W&B and MLflow (trackers.py). Rank 0 only."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import os
 import statistics
 import tempfile
 import time
+from collections import Counter
 from typing import TYPE_CHECKING
 
-from grpo_api.records import RunLayout
+from grpo_api.records import TOOL_ERROR_KINDS, RunLayout
 from grpo_api.spec import GRPOJob
 from grpo_api.storage import Storage
 from grpo_trainer.collectives import from_rank0
+from grpo_trainer.reward_checks import failure_counts, failure_fraction, score_means
 from grpo_trainer.trackers import TrackerError, start_trackers
 
 if TYPE_CHECKING:
@@ -37,6 +39,9 @@ PROMETHEUS_KEYS = (
     "timing_s/rollout", "timing_s/reward", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor",
     "timing_s/weight_sync", "timing_s/checkpoint", "timing_s/step",
     "rollout/staleness", "timing_s/generate_overlapped",
+    # the reward function's failures by kind (grpo_api.records.REWARD_ERROR_KINDS): something to alert on
+    "reward/errors/exception", "reward/errors/timeout", "reward/errors/invalid", "reward/errors/crash",
+    "reward/error_fraction", "tool_calls/error_fraction",
 )
 
 
@@ -50,6 +55,7 @@ def prometheus_name(key: str) -> str:
 
 class MetricsLogger:
     def __init__(self, job: GRPOJob, layout: RunLayout, storage: Storage, *, metrics_port: int | None = None,
+                 metrics_host: str = "0.0.0.0",
                  tracker_runs: dict[str, str] | None = None):
         """`tracker_runs`: the W&B / MLflow run ids a resumed job continues (from its checkpoint).
         Raises trackers.TrackerError when a tracker can't start its run."""
@@ -71,7 +77,7 @@ class MetricsLogger:
             for key in PROMETHEUS_KEYS:
                 self._gauges[key] = Gauge(prometheus_name(key), f"verl metric {key}", ["job", "namespace"])
             if metrics_port:
-                start_http_server(metrics_port)
+                start_http_server(metrics_port, addr=metrics_host)
         self._trackers = start_trackers(job, tracker_runs or {})
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -105,9 +111,6 @@ class MetricsLogger:
             lines = self.storage.read_bytes(self.layout.metrics).decode().splitlines()
             self._jsonl_lines = [ln for ln in lines if ln and json.loads(ln).get("step", 0) <= step]
 
-    def write_progress(self, progress: dict) -> None:
-        self.storage.write_bytes(self.layout.progress, json.dumps(progress, indent=1).encode())
-
     def close(self, finished: bool = True) -> None:
         """`finished`: the run ended; otherwise it stopped to be resumed (SIGTERM)."""
         if self._tb is not None:
@@ -117,14 +120,16 @@ class MetricsLogger:
 
 
 def open_metrics(job: GRPOJob, layout: RunLayout, storage: Storage, *, device: torch.device, resumed_step: int,
-                 metrics_port: int | None = None, tracker_runs: dict[str, str] | None = None) -> MetricsLogger | None:
+                 metrics_port: int | None = None, metrics_host: str = "0.0.0.0",
+                 tracker_runs: dict[str, str] | None = None) -> MetricsLogger | None:
     """Collective: rank 0's logger (None on the others), continuing a resumed run's metrics.jsonl
     and tracker runs. A tracker that can't start its run stops every rank (SetupError)."""
     logger = None
 
     def start() -> None:
         nonlocal logger
-        logger = MetricsLogger(job, layout, storage, metrics_port=metrics_port, tracker_runs=tracker_runs)
+        logger = MetricsLogger(job, layout, storage, metrics_port=metrics_port, metrics_host=metrics_host,
+                               tracker_runs=tracker_runs)
         logger.resume_from(resumed_step)
 
     from_rank0(start, device, setup_errors=(TrackerError,))
@@ -151,6 +156,9 @@ def step_metrics(step: int, version: int, samples: list[Sample], batch: RolloutB
     if batch.filtered_groups is not None:
         m["rollout/filtered_groups"] = batch.filtered_groups
     m.update(multi_turn_metrics(samples))
+    m.update(failure_counts(samples))       # issue 48: a broken reward function is never silent
+    m["reward/error_fraction"] = failure_fraction(samples)
+    m.update(score_means(samples))
     if peak := peak_flops(device):
         m["perf/mfu"] = update.flops / update.train_seconds / (peak * world)
     return {**m, **update.metrics, **timings}
@@ -159,15 +167,19 @@ def step_metrics(step: int, version: int, samples: list[Sample], batch: RolloutB
 def multi_turn_metrics(samples: list[Sample]) -> dict[str, float]:
     """The agent loop's trajectories (rollout.multiTurn): turns per sample (verl's num_turns/*),
     tool calls per sample, and the calls that failed (a parse error, an unknown tool, a crash, a
-    timeout); {} for single-turn rollouts."""
+    timeout): in all, by kind (every kind of TOOL_ERROR_KINDS, 0 too) and as a share of the step's
+    calls (0 without calls); {} for single-turn rollouts."""
     agents = [s.agent for s in samples if s.agent is not None]
     if not agents:
         return {}
     turns = [a["num_turns"] for a in agents]
-    calls = [len(a["tool_calls"]) for a in agents]
+    calls = [c for a in agents for c in a["tool_calls"]]
+    errors = Counter(c["error"] for c in calls if c["error"])
     return {"num_turns/mean": statistics.fmean(turns), "num_turns/min": min(turns), "num_turns/max": max(turns),
-            "tool_calls/mean": statistics.fmean(calls),
-            "tool_calls/errors": sum(bool(c["error"]) for a in agents for c in a["tool_calls"])}
+            "tool_calls/mean": len(calls) / len(agents),
+            "tool_calls/errors": errors.total(),
+            "tool_calls/error_fraction": errors.total() / len(calls) if calls else 0.0,
+            **{f"tool_calls/errors/{kind}": errors.get(kind, 0) for kind in TOOL_ERROR_KINDS}}
 
 
 def peak_flops(device: torch.device) -> float | None:

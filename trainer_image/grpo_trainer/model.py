@@ -24,6 +24,7 @@ from grpo_api.spec import CriticSpec, ModelSpec, TrainerSpec
 from grpo_api.storage import check_local_model_path
 from grpo_trainer.attention import attn_implementation
 from grpo_trainer.lm_head import install_fused_head
+from grpo_trainer.vision import auto_model_class, decoder_layers, freeze_vision_tower, is_vision_language
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -46,10 +47,11 @@ def load_hf_model(spec: ModelSpec, *, dtype: torch.dtype | str = torch.float32, 
     """The Hugging Face model at spec.path: a causal LM, or with `value_head` the same backbone
     with a scalar head on every token (a new head, initialized from torch's RNG, unless the
     checkpoint is a one-label token classifier)."""
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import AutoModelForTokenClassification
     check_local_model_path(spec.path, field)
-    auto = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
-    extra = {"config": model_config(spec, value_head=True, field=field)} if value_head else {}
+    config = model_config(spec, value_head=value_head, field=field)
+    auto = AutoModelForTokenClassification if value_head else auto_model_class(config)
+    extra = {"config": config} if value_head else {}
     try:
         return auto.from_pretrained(spec.path, dtype=dtype, trust_remote_code=spec.trust_remote_code,
                                     attn_implementation="sdpa", **extra)
@@ -82,6 +84,9 @@ def load_tokenizer(spec: ModelSpec):
 def _decoder_layers(model) -> list[torch.nn.Module]:
     if hasattr(model, "get_base_model"):   # a PEFT (LoRA) wrapper
         model = model.get_base_model()
+    vl_layers = decoder_layers(model)
+    if vl_layers is not None:
+        return vl_layers
     inner = getattr(model, "model", model)
     layers = getattr(inner, "layers", None)
     if layers is None:
@@ -140,14 +145,15 @@ def _load_sharded(spec: ModelSpec, device: torch.device, *, dtype: torch.dtype, 
     after it returns the model to shard (the LoRA wrapper), on rank 0's loaded copy too, whose
     state (new adapters included) every rank then receives."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import AutoModelForTokenClassification
     check_local_model_path(spec.path, field)
     config = model_config(spec, value_head=value_head, field=field)
-    auto = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
+    auto = AutoModelForTokenClassification if value_head else auto_model_class(config)
+    # A VL model's micro-batches are never packed (grpo_trainer.vision): plain sdpa.
+    packed = spec.use_remove_padding and not is_vision_language(config)
     with _parameters_on_meta():
         model = auto.from_config(config, dtype=dtype, trust_remote_code=spec.trust_remote_code,
-                                 attn_implementation=attn_implementation(device, spec.use_remove_padding,
-                                                                         _DTYPES[spec.dtype.value]))
+                                 attn_implementation=attn_implementation(device, packed, _DTYPES[spec.dtype.value]))
     prepare(model)
     if wrap is not None:
         model = wrap(model)
@@ -166,7 +172,13 @@ def _load_sharded(spec: ModelSpec, device: torch.device, *, dtype: torch.dtype, 
     return model
 
 
-def build_policy(spec: ModelSpec, device: torch.device, *, compile: bool = False):
+def build_policy(spec: ModelSpec, device: torch.device, *, compile: bool = False, wrap=None,
+                 freeze_vision: bool = False):
+    """The policy, sharded. With spec.model.lora, `wrap` puts the adapters on the frozen model
+    (grpo_trainer.lora.wrapper: passed in, since lora.py reads this module's config loader).
+    `freeze_vision` (trainer.freezeVisionTower): a VL model's vision tower does not train."""
+    if spec.lora is not None and wrap is None:
+        raise ValueError("spec.model.lora: build_policy needs the LoRA wrap (grpo_trainer.lora.wrapper)")
     on_gpu = device.type == "cuda"
 
     def prepare(model):
@@ -175,12 +187,10 @@ def build_policy(spec: ModelSpec, device: torch.device, *, compile: bool = False
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if spec.use_fused_kernels:
             install_fused_head(model)
-    wrap, dtype = None, torch.float32
-    if spec.lora is not None:   # adapters on the frozen model (grpo_trainer.lora)
-        from grpo_trainer.lora import add_adapters
-
-        def wrap(model):
-            return add_adapters(model, spec)
+        if freeze_vision and is_vision_language(model.config):
+            freeze_vision_tower(model)
+    dtype = torch.float32
+    if spec.lora is not None:
         # The frozen base needs no float32 master copy: on GPU it stays in the compute dtype
         # (half the memory); the adapters are float32 (PEFT upcasts them), FSDP2 needs only the
         # trainable parameters to share a dtype.
@@ -234,11 +244,17 @@ def build_reference(spec: ModelSpec, device: torch.device, *, cpu_offload: bool,
     return model
 
 
+def warmup_steps(trainer: TrainerSpec | CriticSpec, total_steps: int) -> int:
+    """verl's rule (FSDP engine's _build_lr_scheduler): lrWarmupSteps when set, else
+    int(lrWarmupStepsRatio x the run's total steps), truncated as verl does."""
+    return trainer.lr_warmup_steps or int(trainer.lr_warmup_steps_ratio * total_steps)
+
+
 def build_optimizer(model, trainer: TrainerSpec | CriticSpec, total_steps: int):
     # Only what trains (with LoRA: the adapters; the frozen base has no optimizer state).
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=trainer.lr, weight_decay=trainer.weight_decay, betas=(0.9, 0.999))
-    warmup = trainer.lr_warmup_steps
+    warmup = warmup_steps(trainer, total_steps)
 
     def lr_factor(step: int) -> float:
         if warmup and step < warmup:

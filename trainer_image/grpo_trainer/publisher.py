@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
-
 import grpc
 import torch
 import torch.distributed as dist
@@ -35,11 +33,9 @@ from grpo_api.spec import WeightSyncSpec
 from grpo_api.weights import Bucket, TensorSpec, plan_buckets
 from grpo_trainer import lora
 from grpo_trainer.collectives import broadcast_json
+from grpo_trainer.rollout_servers import RolloutServers
 from grpo_trainer.weight_sync import (CollectiveWeightSender, GrpcWeightSender, IpcWeightSender, WeightSender,
                                       WeightSyncError, cuda_device_uuid)
-
-if TYPE_CHECKING:
-    from grpo_trainer.rollout_client import RolloutServers
 
 log = logging.getLogger("grpo.trainer.publisher")
 
@@ -64,6 +60,20 @@ def rollout_tensors(model) -> list[tuple[str, torch.Tensor]]:
             seen.add(id(tensor))
             out.append((name, tensor))
     return out
+
+
+def plan_routes(workers: list[str], known: dict[str, tuple[bool, bool]], *,
+                adapters_wanted: bool) -> tuple[str, list[str], list[str]]:
+    """How an update goes out: ("ipc", all, []) when every server answered Info and shares the
+    trainer's GPU, else ("send", those that get the adapters, those that get whole weights).
+    `known`: (on the trainer's GPU, takes LoRA adapters) of the servers that answered; one that
+    didn't gets what the others get (the send to it fails; it is re-synced before its next rollout)."""
+    if known and len(known) == len(workers) and all(colocated for colocated, _ in known.values()):
+        return "ipc", workers, []
+    if not adapters_wanted:
+        return "send", [], workers
+    merged = [w for w, (_, accepts) in known.items() if not accepts]
+    return "send", [w for w in workers if w not in merged], merged
 
 
 class WeightPublisher:
@@ -143,22 +153,14 @@ class WeightPublisher:
         return self._info[worker]
 
     def _routes(self, workers: list[str]) -> tuple[str, list[str], list[str]]:
-        """Rank 0: how `version` goes out: ("ipc", all, []) when every server shares the trainer's
-        GPU, else ("send", those that get the adapters, those that get whole weights). A server
-        that doesn't answer Info gets what the others get (the send to it fails, and it is
-        re-synced before its next rollout)."""
+        """Rank 0: how the update goes out to `workers` (plan_routes), each asked once (Info)."""
         known = {}
         for w in workers:
             try:
                 known[w] = self._server(w)
             except grpc.RpcError:
                 pass
-        if known and all(colocated for colocated, _ in known.values()) and len(known) == len(workers):
-            return "ipc", workers, []
-        if not self.adapters_wanted:
-            return "send", [], workers
-        merged = [w for w, (_, accepts) in known.items() if not accepts]
-        return "send", [w for w in workers if w not in merged], merged
+        return plan_routes(workers, known, adapters_wanted=self.adapters_wanted)
 
     def publish(self, version: int) -> dict[str, float]:
         """Collective. Gather, then (rank 0) send `version` to every server. A server that fails

@@ -29,6 +29,7 @@ itself failed (its log on stderr)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import math
@@ -38,7 +39,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-MATCH, MISMATCH, BAD_INPUT, FAILED = 0, 1, 2, 3
+from grpo_api.contracts import BAD_INPUT_EXIT_CODE as BAD_INPUT
+from grpo_trainer.state import FILE as STATE_FILE
+from grpo_trainer.state import TrainerState
+
+MATCH, MISMATCH, FAILED = 0, 1, 3
 GPU_TOLERANCE = 1e-3
 # Step metrics that depend on time, or that replay doesn't recompute (the epoch is the sampler's).
 NOT_REPLAYED = ("timing_s/", "perf/throughput", "perf/mfu", "training/epoch")
@@ -46,12 +51,13 @@ NOT_REPLAYED = ("timing_s/", "perf/throughput", "perf/mfu", "training/epoch")
 
 def replay(argv: list[str]) -> int:
     """Train one step of a run again and compare it with what the run logged."""
+    from grpo_api.run_argument import add_run_arguments
     parser = argparse.ArgumentParser(
         prog="grpo replay", description="Train step N of a run again, from the checkpoint before it and the "
         "rollouts it trained on, under torchrun with the run's world size; compare the loss, gradient norm, KL, "
         "advantages and the other update metrics with the run's metrics.jsonl. Exit 0: all match within "
         "--tolerance; 1: some differ; 2: bad input. Writes nothing to the run.")
-    parser.add_argument("run", metavar="RUN", help="the run's URI (status.runUri: s3://..., file://...) or folder")
+    add_run_arguments(parser)
     parser.add_argument("--step", type=int, required=True, metavar="N", help="the step to replay")
     parser.add_argument("--tolerance", type=float, default=None, metavar="T",
                         help="a metric matches when |replayed - logged| <= T * max(1, |logged|); default 0 (exact) "
@@ -62,7 +68,6 @@ def replay(argv: list[str]) -> int:
     parser.add_argument("--key-file", default=None,
                         help="the job's checkpoint key (hex); default: GRPO_CHECKPOINT_KEY, else the run folder's "
                              "checkpoint.key (grpo run)")
-    parser.add_argument("--endpoint", default=None, help="S3-compatible endpoint URL (spec.storage.endpoint)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)   # a torchrun rank: its plan file
     args = parser.parse_args(argv)
     if args.worker:
@@ -81,15 +86,14 @@ def replay(argv: list[str]) -> int:
 def _plan(args: argparse.Namespace) -> tuple[dict, dict, bytes]:
     """(the workers' plan, the step's logged metrics, the checkpoint key); ValueError for bad input."""
     from grpo_api.jobfile import parse_job
-    from grpo_api.rollout_history import RolloutHistory
-    from grpo_api.spec import StorageSpec
-    from grpo_api.storage import Storage
+    from grpo_trainer.rollout_history import RolloutHistory
+    from grpo_api.run_argument import open_run
     from grpo_trainer.commands import checkpoint_key
 
     if args.tolerance is not None and not args.tolerance >= 0:
         raise ValueError(f"--tolerance: must be 0 or more (got {args.tolerance})")
-    storage = Storage(StorageSpec(endpoint=args.endpoint) if args.endpoint else None)
-    history = RolloutHistory(args.run, storage)
+    uri, storage = open_run(args)
+    history = RolloutHistory(uri, storage)
     layout, step = history.layout, args.step
     logged = _logged(storage, layout, step)
     if step > history.trained_step():
@@ -120,7 +124,7 @@ def _plan(args: argparse.Namespace) -> tuple[dict, dict, bytes]:
             raise ValueError(f"--step {step}: the run predates rollouts/step-N/accepted.json, and with "
                              "algorithm.filterGroups which prompts the step kept is not known")
         shards, keep, off_policy = list(history.accepted_shards(step).values()), None, spec.rollout.max_staleness > 0
-        world = state.get("world_size") or len(state["rng"].get("torch_by_rank") or [0])
+        world = state.trainer.world_size or len(state.checkpointer.rng.get("torch_by_rank") or [0])
     if not shards:
         raise ValueError(f"--step {step}: no rollout shards under {layout.step_dir('rollouts', step)}")
     for shard in shards:
@@ -148,7 +152,7 @@ def _logged(storage, layout, step: int) -> dict:
     return rows[step]
 
 
-def _trainer_state(uri: str, storage, key: bytes) -> dict:
+def _trainer_state(uri: str, storage, key: bytes) -> TrainerState:
     """The checkpoint's trainer_state.json, its signed manifest and sha256 checked (the workers
     verify every file again when they load it)."""
     import hashlib
@@ -156,27 +160,28 @@ def _trainer_state(uri: str, storage, key: bytes) -> dict:
     from grpo_api import signing
     where = f"{uri}/manifest.json"
     manifest = signing.verify(storage.read_bytes(where), key, where)
-    data = storage.read_bytes(f"{uri}/trainer_state.json")
-    if hashlib.sha256(data).hexdigest() != manifest["files"].get("trainer_state.json", {}).get("sha256"):
-        raise signing.ManifestError(f"{uri}/trainer_state.json: its sha256 does not match the signed manifest")
-    return json.loads(data)
+    data = storage.read_bytes(f"{uri}/{STATE_FILE}")
+    if hashlib.sha256(data).hexdigest() != manifest["files"].get(STATE_FILE, {}).get("sha256"):
+        raise signing.ManifestError(f"{uri}/{STATE_FILE}: its sha256 does not match the signed manifest")
+    return TrainerState.from_json(data)
 
 
-def _trained_under(state: dict, record, storage, layout, key: bytes, step: int) -> tuple[dict, int]:
+def _trained_under(state: TrainerState, record, storage, layout, key: bytes, step: int) -> tuple[dict, int]:
     """(the job step `step` was trained under, its total steps). Every checkpoint keeps its
     trainer's job, signed; the step's record names the digest of its trainer's spec. That is the
     checkpoint before the step's, unless the run was restarted with a changed spec (a longer
     totalSteps) after it: then a later checkpoint of the trainer that trained the step."""
-    from grpo_api.rollout_history import spec_digest
+    from grpo_trainer.rollout_history import spec_digest
     if record is None:      # a run written before steps recorded their spec
-        return state.get("job") or _job_file(storage, layout), (state.get("total_steps")
-                                                                or _progress(storage, layout).get("totalSteps"))
+        return state.trainer.job or _job_file(storage, layout), (state.trainer.total_steps
+                                                                or _total_steps(storage, layout))
     later = (_trainer_state(uri, storage, key) for s, uri in _checkpoints(layout, storage) if s >= step)
     for candidate in itertools.chain([state], later):
-        if "job" in candidate and spec_digest(candidate["job"]["spec"]) == record.spec_sha256:
-            return candidate["job"], candidate["total_steps"]
+        job = candidate.trainer.job
+        if job is not None and spec_digest(job["spec"]) == record.spec_sha256:
+            return job, candidate.trainer.total_steps
     raise ValueError(f"--step {step}: no checkpoint keeps the spec it was trained under (the run was restarted "
-                     f"with a changed spec after checkpoint step-{state['step']}, and that trainer left no checkpoint)")
+                     f"with a changed spec after checkpoint step-{state.trainer.step}, and that trainer left no checkpoint)")
 
 
 def _checkpoints(layout, storage) -> list[tuple[int, str]]:
@@ -194,17 +199,19 @@ def _job_file(storage, layout) -> dict:
     """A checkpoint written before checkpoints kept the job: `grpo run`'s <run>/job.yaml."""
     import yaml
     try:
-        return yaml.safe_load(storage.read_bytes(f"{layout.root}/job.yaml"))
+        return yaml.safe_load(storage.read_bytes(layout.job_file))
     except FileNotFoundError:
         raise ValueError(f"{layout.root}: the run records no spec (its checkpoints predate keeping it, and there "
                          "is no job.yaml)") from None
 
 
-def _progress(storage, layout) -> dict:
+def _total_steps(storage, layout) -> int | None:
+    from grpo_api.spec import Progress
     try:
-        return json.loads(storage.read_bytes(layout.progress))
+        progress = Progress.from_json(storage.read_bytes(layout.progress))
     except FileNotFoundError:
-        return {}
+        return None
+    return progress.total_steps if progress else None
 
 
 def _device(want: str, world: int, step: int) -> str:
@@ -336,11 +343,12 @@ def _replay_step(plan: dict, torch, dist) -> dict[str, float]:
                   pad_token_id=tokenizer.pad_token_id)
     state = checkpoint.load(plan["checkpoint"], parts=actor.checkpoint_parts(), storage=storage,
                             key=signing.read_key(), device=device)
-    actor.load_state_dict(state)
-    samples = batching.samples_from_table(pa.concat_tables([storage.read_table(u) for u in plan["shards"]]))
+    actor.load_state_dict(state.actor)
+    samples = batching.samples_from_table(pa.concat_tables([storage.read_table(u) for u in plan["shards"]]),
+                                          read_image=functools.cache(storage.read_bytes))   # a VL model's images
     if plan["keep"] is not None:
         samples = batching.keep_prompts(samples, plan["keep"])
-    version = state["policy_version"]
+    version = state.trainer.policy_version
     try:
         batching.check_complete(samples, spec.data.train_batch_size, spec.rollout.n)
         staleness = batching.check_staleness(samples, version, spec.rollout.max_staleness)

@@ -19,7 +19,7 @@ import logging
 import re
 
 from grpo_api.records import RunLayout
-from grpo_api.rollout_history import RetentionRecord
+from grpo_trainer.rollout_history import RetentionRecord
 from grpo_api.storage import Storage, StorageError
 
 log = logging.getLogger(__name__)

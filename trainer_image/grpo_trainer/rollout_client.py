@@ -5,37 +5,44 @@ A worker that dies, times out or lags behind the policy version loses its shard 
 worker (or to itself once it is back and re-synced). Output URIs carry the attempt number, so a
 late write of a failed attempt can never be mistaken for the accepted one.
 
+A shard a server refuses as invalid (INVALID_ARGUMENT: a custom agent loop that breaks its
+contract, a request the server can't read) fails the step at once with the server's message
+(`RolloutRefused`): every server would refuse it again, and each try is a whole generation.
+
 Two retry budgets: a shard that fails on workers that answered (an error, a timeout, a version
 conflict) gets `max_attempts`; a shard that finds no worker listening (UNAVAILABLE: the only
 replica is being restarted, a pod is rescheduled and loads its model) keeps waiting for one
 up to the request timeout, since that takes as long as a server's start-up, not a few retries.
 
-Before a server generates, the weight publisher brings it to the requested version
-(`ensure_version`): the dispatcher is handed the publisher, and both call the servers through
-one client per server (`RolloutServers.clients`).
+Before a server generates, it is brought to the requested version: the dispatcher is handed
+something with `ensure_version` (the weight publisher, behind the `VersionKeeper` protocol, so
+this module doesn't import it), and both call the servers through one client per server
+(rollout_servers.RolloutServers).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import grpc
 
 from grpo_api.proto import rollout_pb2 as pb
 from grpo_api.records import RunLayout
-from grpo_api.rpc import ClientAuth, RolloutClients
 from grpo_api.storage import Storage
-
-if TYPE_CHECKING:
-    from grpo_trainer.publisher import WeightPublisher
+from grpo_trainer.rollout_servers import NOT_READY_HINT, RolloutServers
 
 log = logging.getLogger("grpo.trainer")
+
+
+class VersionKeeper(Protocol):
+    """What the dispatcher needs of the weight publisher (publisher.WeightPublisher)."""
+
+    def ensure_version(self, worker: str, version: int) -> None:
+        """Bring the server at `worker` to policy `version` before it generates."""
 
 
 @dataclass
@@ -45,60 +52,13 @@ class ShardResult:
     reply: pb.GenerateReply
 
 
-class StoppedWaiting(Exception):
-    """The trainer was asked to stop (SIGTERM) while it waited for rollout servers that are gone:
-    the step can't finish, so it stops now rather than be killed at the end of its grace period
-    (a deleted GRPOJob's rollout pods may go first)."""
-
-
-class RolloutServers:
-    """Trainer rank 0's view of the rollout servers: who they are now (`discover` is called every
-    time: a headless Service follows scaling) and one client each. `stopping()` says whether the
-    trainer was asked to stop: waits for servers end then (StoppedWaiting)."""
-
-    def __init__(self, discover: Callable[[], list[str]], auth: ClientAuth | str,
-                 stopping: Callable[[], bool] = lambda: False):
-        self.discover = discover
-        self.clients = RolloutClients(auth)
-        self.stopping = stopping
-
-    def check_stopping(self, waiting_for: str) -> None:
-        if self.stopping():
-            raise StoppedWaiting(f"asked to stop while waiting for {waiting_for}")
-
-    def tool_schemas(self, wait_seconds: float = 600.0) -> list[dict]:
-        """The tools the rollout servers render a tool agent's prompt with (their Info; every server
-        loads the same spec's tools), from the first one that answers. The trainer counts them in
-        data.maxPromptLength before it trains, as verl's dataset does."""
-        deadline = time.monotonic() + wait_seconds
-        errors: list[str] = []
-        while True:
-            for address in self.addresses(wait_seconds=max(1.0, deadline - time.monotonic())):
-                try:
-                    return json.loads(self.clients.info(address, timeout=30).tool_schemas_json or "[]")
-                except grpc.RpcError as exc:
-                    errors.append(f"{address}: {exc.code().name} {exc.details()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no rollout server told its tools within {wait_seconds:g}s: {'; '.join(errors[-3:])}")
-            self.check_stopping("a rollout server's tools")
-            time.sleep(1.0)
-
-    def addresses(self, wait_seconds: float = 120.0) -> list[str]:
-        """Addresses of the rollout servers now; waits (bounded) while there are none."""
-        deadline = time.monotonic() + wait_seconds
-        while True:
-            found = self.discover()
-            if not found:
-                self.check_stopping("a rollout server (none is there)")
-            if found or time.monotonic() > deadline:
-                if not found:
-                    raise RuntimeError("no rollout server is reachable (check rollout.replicas and their logs)")
-                return found
-            time.sleep(1.0)
+class RolloutRefused(RuntimeError):
+    """A rollout server refused a shard as invalid (INVALID_ARGUMENT): bad input, which retrying
+    can't fix (the trainer exits 2)."""
 
 
 class RolloutDispatcher:
-    def __init__(self, servers: RolloutServers, *, weights: WeightPublisher, layout: RunLayout, storage: Storage,
+    def __init__(self, servers: RolloutServers, *, weights: VersionKeeper, layout: RunLayout, storage: Storage,
                  timeout: float, max_attempts: int = 6):
         self.servers, self.weights, self.layout, self.storage = servers, weights, layout, storage
         self.timeout, self.max_attempts = timeout, max_attempts
@@ -132,11 +92,16 @@ class RolloutDispatcher:
                         detail = exc.details() if isinstance(exc, grpc.RpcError) else repr(exc)
                         log.warning("rollout shard %s on %s failed (attempt %d): %s", name, worker,
                                     attempts[name], detail)
+                        if isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                            raise RolloutRefused(f"rollout shard {name}: {worker} refused it: {detail}") from None
                         if isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE:
                             since = unreachable_since.setdefault(name, time.monotonic())
                             if time.monotonic() - since > self.timeout:
-                                raise RuntimeError(f"rollout shard {name}: no rollout server reachable for "
-                                                   f"{self.timeout:.0f}s; last error on {worker}: {detail}") from exc
+                                # Not the network's fault, most likely (the last error may say DNS:
+                                # a Service with no ready pod has no address): a server can't start.
+                                raise RuntimeError(f"rollout shard {name}: no rollout server at {self.servers.where} "
+                                                   f"could generate it for {self.timeout:.0f}s: {NOT_READY_HINT}. "
+                                                   f"Last error on {worker}: {detail}") from exc
                         else:
                             unreachable_since.pop(name, None)
                             failures[name] += 1
@@ -162,21 +127,3 @@ class RolloutDispatcher:
             output_uri=self.layout.rollout_shard(step, f"{shard}-attempt-{attempt}"),
             sampling=sampling, expected_policy_version=version, step=step, shard=shard)
         return self.servers.clients(worker).Generate(request, timeout=self.timeout)
-
-
-def static_or_dns_discovery(addresses: str) -> Callable[[], list[str]]:
-    """`host:port,host:port` is a fixed list; a single `dns:///name:port` entry is resolved every
-    call (a headless Service: one address per ready rollout pod, so scaling is followed)."""
-    if addresses.startswith("dns:///"):
-        import socket
-        host, port = addresses.removeprefix("dns:///").rsplit(":", 1)
-
-        def resolve() -> list[str]:
-            try:
-                infos = socket.getaddrinfo(host, int(port), proto=socket.IPPROTO_TCP)
-            except socket.gaierror:
-                return []
-            return sorted({f"{info[4][0]}:{port}" for info in infos})
-        return resolve
-    fixed = [a for a in addresses.split(",") if a]
-    return lambda: list(fixed)

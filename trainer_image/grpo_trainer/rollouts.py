@@ -6,7 +6,8 @@ and rollout shards back (the dispatcher), DAPO's dynamic-sampling rounds, readin
 the samples on every rank, and with `rollout.maxStaleness: 1` the next step's batch generated in
 the background while this one trains (`Prefetch`). It also makes the one off-policy decision:
 in that mode a batch may come from the policy one update behind, so every batch's PPO ratio is
-taken against the engine's log-probs (`RolloutBatch.off_policy`).
+taken against the engine's log-probs (`RolloutBatch.off_policy`); and whether the engines report
+those log-probs at all (`engine_logprobs_needed`).
 
 A batch generated ahead is part of a checkpoint (`state_dict`): where the sampler stood before
 it was drawn, and the batch (its shards are in storage), so a resumed run trains on exactly the
@@ -16,6 +17,7 @@ batch an uninterrupted run would have.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import logging
 import threading
@@ -29,12 +31,19 @@ import torch
 
 from grpo_api.proto import rollout_pb2 as pb
 from grpo_api.records import RunLayout
-from grpo_api.spec import GRPOJobSpec
+from grpo_api.spec import GRPOJobSpec, ModelSpec
 from grpo_api.storage import Storage, StorageError
 from grpo_trainer import batch as batching
+from grpo_trainer import retention
 from grpo_trainer.collectives import from_rank0
-from grpo_trainer.data import DataError, Datasets, PromptRow, load_datasets, prompt_shard_table
-from grpo_trainer.rollout_client import RolloutDispatcher, RolloutServers
+from grpo_trainer.data import DataError, Datasets, PromptRow, image_store, load_datasets, prompt_shard_table
+from grpo_trainer.engine_sleep import EngineSleep
+from grpo_trainer.lease import LeaseHeld, RunLease
+from grpo_trainer.reward_checks import RewardFailureCheck
+from grpo_trainer.rollout_client import RolloutDispatcher, RolloutRefused, VersionKeeper
+from grpo_trainer.rollout_history import AcceptedRollouts, format_ranges, spec_digest, step_ranges
+from grpo_trainer.rollout_servers import RolloutServers
+from grpo_trainer.state import RolloutsState, RunState
 
 log = logging.getLogger("grpo.trainer")
 
@@ -71,14 +80,14 @@ class RolloutBatch:
         return cls(**data)
 
     @classmethod
-    def from_checkpoint(cls, pending: dict, trainer_state: dict) -> RolloutBatch:
+    def from_checkpoint(cls, pending: dict, state: RolloutsState, run: RunState) -> RolloutBatch:
         """A pending batch as a checkpoint keeps it. Checkpoints written before this class kept a
         plain dict (no step, version or sampler_before; `sampler` is the sampler after)."""
         if "sampler_after" in pending:
             return cls.from_json(pending)
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in pending.items() if k in known}, step=trainer_state["step"] + 1,
-                   policy_version=trainer_state["policy_version"] - 1, sampler_before=trainer_state["sampler"],
+        return cls(**{k: v for k, v in pending.items() if k in known}, step=run.step + 1,
+                   policy_version=run.policy_version - 1, sampler_before=state.sampler,
                    sampler_after=pending["sampler"], off_policy=True)
 
     def timings(self) -> dict[str, float]:
@@ -164,27 +173,38 @@ class Prefetch:
 
 
 def prepare(spec: GRPOJobSpec, tokenizer, storage: Storage, layout: RunLayout, *, started: float,
-            device: torch.device, servers: RolloutServers | None = None) -> tuple[Datasets | None, int]:
-    """Collective, before any model is built: rank 0 reads the datasets and checks that the run's
-    storage can be written, so bad data or storage fails now (a SetupError on every rank); it
-    removes what writers killed mid-write left. With the tool agent loop, a tool agent's prompt is
+            device: torch.device, servers: RolloutServers | None = None,
+            job_uid: str | None = None, model_spec: ModelSpec | None = None) -> tuple[Datasets | None, int]:
+    """Collective, before any model is built: rank 0 reads the datasets, checks that the run's
+    storage can be written and takes the run's lease (RunLease: one trainer at a time writes a run,
+    not a second `grpo run` beside an orphaned rank), so bad data or storage or
+    another trainer of the run fails now (a SetupError on every rank); it removes what writers
+    killed mid-write left. With the tool agent loop, a tool agent's prompt is
     measured with the tools the rollout servers render it with (rank 0 asks `servers` for them).
-    Returns (the datasets on rank 0, batches per epoch)."""
+    A VL `model_spec` (the local copy of spec.model) renders the rows' images and stores them in
+    the run (data.ImageStore). Returns (the datasets on rank 0, batches per epoch)."""
     datasets = None
 
     def load() -> int:
         nonlocal datasets
         mt = spec.rollout.multi_turn
         tools = servers.tool_schemas() if servers is not None and mt.enable else None
-        datasets = load_datasets(spec.data, tokenizer, storage, tool_schemas=tools)
+        datasets = load_datasets(spec.data, tokenizer, storage, tool_schemas=tools,
+                                 images=image_store(model_spec or spec.model, tokenizer, storage, layout),
+                                 reward=spec.reward)
         try:
             storage.check_writable(layout.root)
         except StorageError as exc:
             raise StorageError(f"spec.storage.uri: can't write the run's files under {layout.root}: {exc}") from None
+        # before anything else is written (or cleaned) in the run; renewed until the trainer exits
+        RunLease(storage, layout.lease, job_uid=job_uid).acquire()
         _clean_leftovers(storage, layout, started)
+        # colocated: the engines give the GPUs' memory to the models every rank is about to build
+        # (the first weight sync or Generate wakes them)
+        EngineSleep(spec, servers, rank=0).sleep()
         return datasets.sampler.batches_per_epoch
 
-    batches_per_epoch = from_rank0(load, device, setup_errors=(DataError, StorageError))
+    batches_per_epoch = from_rank0(load, device, setup_errors=(DataError, StorageError, LeaseHeld))
     return datasets, batches_per_epoch
 
 
@@ -202,15 +222,51 @@ def _clean_leftovers(storage: Storage, layout: RunLayout, started: float) -> Non
                  ", ".join(removed[:5]) + (", ..." if len(removed) > 5 else ""))
 
 
+def engine_logprobs_needed(spec: GRPOJobSpec) -> bool:
+    """Whether the rollout servers report each sampled token's behaviour log-prob: what the
+    actor reads of them (Actor._logprobs, _correct_for_the_rollout) is the old policy of an
+    off-policy step (maxStaleness 1) or of rollout correction's bypass mode, and the ratio
+    decoupled rollout correction weighs or rejects tokens by. An on-policy step takes its own
+    log-probs as the old policy, so the engine skips them (vLLM: ~0.6 s of a 4.4 s generation)
+    unless rollout.calculateLogProbs keeps them for the records."""
+    return (spec.rollout.max_staleness > 0 or spec.algorithm.rollout_correction is not None
+            or spec.rollout.calculate_log_probs)
+
+
 class RolloutSource:
     def __init__(self, spec: GRPOJobSpec, *, datasets: Datasets | None, dispatcher: RolloutDispatcher | None,
-                 storage: Storage, total_steps: int, device: torch.device):
-        """datasets, dispatcher: rank 0's (None on the other ranks)."""
+                 storage: Storage, total_steps: int, device: torch.device, engines: EngineSleep | None = None):
+        """datasets, dispatcher: rank 0's (None on the other ranks); engines: the colocated servers'
+        sleep and wake (grpo_trainer.engine_sleep)."""
         self.spec, self.datasets, self.dispatcher, self.storage = spec, datasets, dispatcher, storage
+        self.engines = engines or EngineSleep(spec, None, rank=0)
         self.total_steps, self.device = total_steps, device
         self.rank0 = dispatcher is not None
         self.off_policy = spec.rollout.max_staleness > 0
+        self.engine_logprobs = engine_logprobs_needed(spec)
         self._ahead = Prefetch()
+        self.reward_check = RewardFailureCheck(spec.reward.max_error_fraction, say=self.rank0)
+        # The spec's digest, as each step's record names it (`grpo replay` finds the spec a step
+        # was trained under by it).
+        self.spec_sha256 = spec_digest(spec.model_dump(mode="json", by_alias=True))
+
+    @classmethod
+    def connect(cls, spec: GRPOJobSpec, *, servers: RolloutServers | None, weights: VersionKeeper, layout: RunLayout,
+                storage: Storage, **kwargs) -> RolloutSource:
+        """With rank 0's clients of the servers (None on the other ranks): their dispatcher, which
+        has `weights` (the weight publisher) bring a server to the policy version before it generates."""
+        dispatcher = RolloutDispatcher(servers, weights=weights, layout=layout, storage=storage,
+                                       timeout=spec.rollout.request_timeout_seconds) if servers else None
+        return cls(spec, dispatcher=dispatcher, storage=storage, engines=EngineSleep(spec, servers, rank=0), **kwargs)
+
+    def sleep_engines(self) -> dict[str, float]:
+        """Colocated and on-policy: the servers' engines free the GPUs for the update (timing_s/sleep)."""
+        return self.engines.sleep()
+
+    def wake_engines(self, parts: tuple[str, ...] = ()) -> dict[str, float]:
+        """Collective: the engines take the GPUs back (`parts` of them; all when empty) before the new
+        weights reach them (timing_s/wake)."""
+        return self.engines.wake(parts)
 
     # --- every rank ---------------------------------------------------------------------------
 
@@ -220,9 +276,11 @@ class RolloutSource:
         step `step`+1's generation on this policy (one update behind when it trains)."""
         t0 = time.perf_counter()
         batch = RolloutBatch.from_json(from_rank0(
-            lambda: (self._ahead.take(step) or self._generate_batch(step, version)).to_json(), self.device))
+            lambda: (self._ahead.take(step) or self._generate_batch(step, version)).to_json(), self.device,
+            setup_errors=(RolloutRefused,)))      # every rank stops with the server's message
         batch.waited_s += time.perf_counter() - t0
         samples = self.read(batch.uris)
+        self.reward_check.check(step, samples)    # every sample generated, before dynamic sampling's choice
         if batch.keep is not None:
             samples = batching.keep_prompts(samples, batch.keep)
         rollout = self.spec.rollout
@@ -240,9 +298,28 @@ class RolloutSource:
         self._ahead.wait()
 
     def read(self, uris: list[str]) -> list[batching.Sample]:
-        return batching.samples_from_table(pa.concat_tables([self.storage.read_table(u) for u in uris]))
+        # A VL model's images: each distinct one read once (a prompt's n samples name the same ones).
+        return batching.samples_from_table(pa.concat_tables([self.storage.read_table(u) for u in uris]),
+                                           read_image=functools.cache(self.storage.read_bytes))
 
     # --- rank 0 -------------------------------------------------------------------------------
+
+    def record_accepted(self, step: int, batch: RolloutBatch, *, world: int) -> None:
+        """Which rollout shards step `step` trains on, beside them (before the update): export and
+        replay read these, never a guess from the attempt numbers (a restart counts them anew)."""
+        record = AcceptedRollouts(step=step, shards=[uri.rsplit("/", 1)[-1] for uri in batch.uris], keep=batch.keep,
+                                  off_policy=batch.off_policy, world_size=world, spec_sha256=self.spec_sha256)
+        self.storage.write_bytes(self.dispatcher.layout.accepted_rollouts(step), record.to_json())
+
+    def prune(self, step: int, *, checkpoints: Callable[[], list[int]]) -> None:
+        """storage.keepRolloutsSteps: the rollouts of older steps go, once step `step` is logged;
+        `checkpoints()`: the steps of the run's complete checkpoints (theirs stay)."""
+        if (keep := self.spec.storage.keep_rollouts_steps) is None:
+            return
+        if deleted := retention.prune_rollouts(self.dispatcher.layout, self.storage, step=step, keep=keep,
+                                               checkpoints=checkpoints()):
+            log.info("storage.keepRolloutsSteps %d: deleted the rollouts of steps %s", keep,
+                     format_ranges(step_ranges(deleted)))
 
     @property
     def epoch(self) -> int:
@@ -251,25 +328,26 @@ class RolloutSource:
     def metrics(self) -> dict[str, float]:
         return {"rollout/redispatched_shards": self.dispatcher.redispatched} if self.rank0 else {}
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> RolloutsState:
         """For the checkpoint: the sampler (before any batch generated ahead) and that batch."""
         if not self.rank0:
-            return {}
+            return RolloutsState()
         sampler, pending = self._ahead.checkpoint_state(self.datasets.sampler.state_dict())
-        return {"sampler": sampler, "pending_rollouts": pending.to_json() if pending else None}
+        return RolloutsState(sampler=sampler, pending_rollouts=pending.to_json() if pending else None)
 
-    def load_state_dict(self, trainer_state: dict) -> None:
+    def load_state_dict(self, state: RolloutsState, run: RunState) -> None:
+        """`run`: the trainer's part (a pending batch of an old checkpoint is placed by its step)."""
         if not self.rank0:
             return
-        pending = trainer_state.get("pending_rollouts")
+        pending = state.pending_rollouts
         if pending and self.off_policy and all(map(self.storage.exists, pending["uris"])):
             # The batch an uninterrupted run trains next, generated before the checkpoint.
-            batch = RolloutBatch.from_checkpoint(pending, trainer_state)
+            batch = RolloutBatch.from_checkpoint(pending, state, run)
             self.datasets.sampler.load_state_dict(batch.sampler_after)
             self._ahead.restore(batch)
         else:
             # Its prompts are drawn again and generated on this policy.
-            self.datasets.sampler.load_state_dict(trainer_state["sampler"])
+            self.datasets.sampler.load_state_dict(state.sampler)
 
     def generate(self, step: int, tag: str, epoch: int, rows: list[PromptRow], *, n: int, temperature: float,
                  version: int, first_index: int = 0) -> tuple[list[str], float]:
@@ -284,7 +362,7 @@ class RolloutSource:
             shards[f"{tag}-shard-{k // per:03d}"] = sink.getvalue()
         r = self.spec.rollout
         sampling = pb.SamplingParams(n=n, max_tokens=self.spec.data.max_response_length, temperature=temperature,
-                                     top_p=r.top_p, top_k=r.top_k)
+                                     top_p=r.top_p, top_k=r.top_k, logprobs=self.engine_logprobs)
         # No seed: each server derives one from (rollout.seed, step, shard), so shards of a step
         # draw independent samples and a re-dispatched shard draws the same ones.
         results = self.dispatcher.generate(step, tag, shards, sampling, version)
@@ -321,11 +399,14 @@ class RolloutSource:
         rewards: dict[int, set[float]] = {}
         new_uris = batch.uris
         while True:
-            for s in self.read(new_uris):     # only this round's shards
+            round_samples = self.read(new_uris)     # only this round's shards
+            for s in round_samples:
                 rewards.setdefault(s.prompt_index, set()).add(s.reward)
             informative = sorted(p for p, r in rewards.items() if len(r) > 1)
             if len(informative) >= size or batch.rounds == MAX_GENERATION_ROUNDS:
                 break
+            if self.reward_check.exceeded(round_samples):
+                break       # a broken reward function: `next` stops the run, no more rounds of zeros
             epoch, rows = self._draw()
             new_uris, reward_s = self.generate(batch.step, f"train-r{batch.rounds}", epoch, rows,
                                                n=self.spec.rollout.n, temperature=self.spec.rollout.temperature,

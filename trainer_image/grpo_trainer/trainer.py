@@ -7,7 +7,7 @@ the order of docs/ARCHITECTURE.md §1.
   with PPO the `Critic`, critic.py, whose values make the advantages);
 - `WeightPublisher` (publisher.py): step 4, the new weights to every rollout server;
 - `Validator` (validation.py) and `Checkpointer` (checkpoint.py): each decides when it runs;
-- metrics.py: the step's metrics, the loggers and progress.json.
+- metrics.py: the step's metrics and the loggers; progress.json is grpo_api.spec.Progress.
 
 Rank 0 owns the data, talks to the rollout servers and writes progress; every rank holds an
 FSDP2 shard of the policy (and reference) and takes its share of every mini-batch. What rank 0
@@ -23,21 +23,19 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from grpo_api import compile_cache
+from grpo_api.contracts import STOPPED_EXIT_CODE
 from grpo_api.model_cache import local_model
 from grpo_api.records import RunLayout
-from grpo_api.rollout_history import AcceptedRollouts, format_ranges, spec_digest, step_ranges
 from grpo_api.rpc import ClientAuth
-from grpo_api.spec import GRPOJob
+from grpo_api.spec import GRPOJob, Progress
 from grpo_api.storage import Storage, job_root
-from grpo_trainer import lora, retention, rollouts
+from grpo_trainer import rollouts
 from grpo_trainer.actor import Actor
-from grpo_trainer.checkpoint import Checkpointer, complete_checkpoints
+from grpo_trainer.checkpoint import Checkpointer, complete_checkpoints, open_compile_cache
 from grpo_trainer.metrics import ProgressBar, open_metrics, setup_logging, step_metrics
 from grpo_trainer.model import load_tokenizer, training_device
 from grpo_trainer.publisher import WeightPublisher
-from grpo_trainer.rollout_client import (RolloutDispatcher, RolloutServers, StoppedWaiting,
-                                         static_or_dns_discovery)
+from grpo_trainer.rollout_servers import RolloutServers, StoppedWaiting, static_or_dns_discovery
 from grpo_trainer.validation import Validator
 
 log = logging.getLogger("grpo.trainer")
@@ -55,63 +53,58 @@ class Trainer:
         started = time.time()
         self._stop_flag = False      # set by SIGTERM (request_stop)
         self.job, self.spec = job, job.spec
-        # The resolved job as checkpoints keep it and its digest as each step records it, so that
-        # `grpo replay` retrains a step under the spec it was trained with.
+        # The resolved job as checkpoints keep it: `grpo replay` retrains a step under it.
         self.job_json = job.model_dump(mode="json", by_alias=True, exclude={"status"})
-        self.spec_sha256 = spec_digest(self.job_json["spec"])
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         setup_logging(self.rank)
         self.device = training_device(self.spec.trainer.device)
         torch.manual_seed(self.spec.trainer.seed)
         self.storage = Storage(self.spec.storage)
         self.layout = RunLayout(job_root(job, local=local))
+        self.metrics_host = "127.0.0.1" if local else "0.0.0.0"     # `grpo run`: /metrics for this machine only
         # The model as the loaders see it: a fetched model's cache folder (spec.model keeps the
         # user's location: checkpoints record it).
         self.model_spec = local_model(self.spec.model, self.spec.storage,
                                       log=print if self.rank == 0 else lambda *_: None)
-        self.compile_cache = self._restore_compile_cache(checkpoint_key)    # before anything compiles
+        self.compile_cache = open_compile_cache(self.spec.storage, self.storage, self.layout, checkpoint_key,
+                                                device=self.device, compile=self.spec.trainer.use_torch_compile,
+                                                model_path=self.model_spec.path)    # before anything compiles
         tokenizer = load_tokenizer(self.model_spec)
-        self.lora_config = lora.check_spec(self.model_spec) if self.model_spec.lora else None   # before any write
+        self.lora_config = Actor.check(self.model_spec)      # before any write
         # Rank 0's clients of the rollout servers (the dispatcher's and the weight senders').
         self.servers = RolloutServers(static_or_dns_discovery(rollout_addresses), auth,
                                       stopping=lambda: self._stop_flag) if self.rank == 0 else None
         datasets, self.steps_per_epoch = rollouts.prepare(self.spec, tokenizer, self.storage, self.layout,
-                                                          started=started, device=self.device, servers=self.servers)
+                                                          started=started, device=self.device, servers=self.servers,
+                                                          job_uid=job.metadata.uid, model_spec=self.model_spec)
         self.total_steps = self.spec.trainer.total_steps or self.spec.trainer.total_epochs * self.steps_per_epoch
         self.actor = Actor(self.model_spec, self.spec, device=self.device, total_steps=self.total_steps,
                            pad_token_id=tokenizer.pad_token_id)
-        self.checkpointer = Checkpointer(self.spec, parts=self.actor.checkpoint_parts(), layout=self.layout,
-                                         storage=self.storage, key=checkpoint_key, device=self.device,
-                                         model_spec=self.model_spec, lora_config=self.lora_config,
+        self.checkpointer = Checkpointer(self.spec.trainer, resume=self.spec.resume, layout=self.layout,
+                                         parts=self.actor.checkpoint_parts(), storage=self.storage, key=checkpoint_key,
+                                         device=self.device, model_spec=self.model_spec, lora_config=self.lora_config,
                                          adapter=lambda: self.publisher.final_adapter())
-        resumed = self.checkpointer.resume() or {}
-        self.state = State(resumed.get("step", 0), resumed.get("policy_version", 0))
-        # The last progress.json written; a resumed start says so (the operator's Resumed event).
-        self.progress: dict = ({"resumedFromStep": self.state.step,
-                                "resumedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())} if resumed else {})
-        # This job's own checkpoint continues its tracker runs (not another job's, with resume: <uri>).
-        self.metrics = open_metrics(job, self.layout, self.storage, device=self.device, resumed_step=self.state.step,
-                                    metrics_port=metrics_port,
-                                    tracker_runs=resumed.get("trackers") if resumed.get("own") else None)
-        self._connect_rollouts(datasets)
-        self.validator = Validator(self.spec, self.rollouts)
-        if resumed:
-            self.actor.load_state_dict(resumed)
-            self.rollouts.load_state_dict(resumed)
-            self.validator.score = resumed.get("validation_score")
+        self._resume_and_connect(datasets, metrics_port)
 
-    def _restore_compile_cache(self, key: bytes) -> compile_cache.CompileCache | None:
-        """spec.storage.compileCache: the decoder layers an earlier trainer of this run compiled,
-        signed with the job's checkpoint key. Every rank restores (the first of a machine unpacks);
-        rank 0 saves after a step that compiled something new."""
-        if self.device.type != "cuda" or not self.spec.trainer.use_torch_compile:
-            return None
-        cache = compile_cache.CompileCache.for_run(
-            self.spec.storage, self.storage, self.layout.root, key, "trainer", torch=torch.__version__,
-            gpu=torch.cuda.get_device_name(self.device), model=compile_cache.model_config_digest(self.model_spec.path))
-        if cache is not None:
-            cache.restore()
-        return cache
+    def _resume_and_connect(self, datasets, metrics_port: int | None) -> None:
+        """Collective: the checkpoint spec.resume names (if any) into every component; the
+        loggers, the rollout side and the validator connected."""
+        resumed = self.checkpointer.resume()
+        self.state = State(resumed.trainer.step, resumed.trainer.policy_version) if resumed else State()
+        # The last progress.json written; a resumed start says so (the operator's Resumed event).
+        self.progress = Progress(resumed_from_step=self.state.step,
+                                 resumed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())) if resumed else None
+        # This job's own checkpoint continues its tracker runs (not another job's, with resume: <uri>).
+        self.metrics = open_metrics(self.job, self.layout, self.storage, device=self.device,
+                                    resumed_step=self.state.step, metrics_port=metrics_port,
+                                    metrics_host=self.metrics_host,
+                                    tracker_runs=resumed.metrics.trackers if self.checkpointer.resumed_own else None)
+        self._connect_rollouts(datasets)
+        self.validator = Validator(self.spec, self.rollouts, generating=self.actor.offloader.off_gpu)
+        if resumed:
+            self.actor.load_state_dict(resumed.actor)
+            self.rollouts.load_state_dict(resumed.rollouts, resumed.trainer)
+            self.validator.load_state_dict(resumed.validator)
 
     def _connect_rollouts(self, datasets) -> None:
         """The weight publisher and the rollout source, sharing rank 0's clients of the servers."""
@@ -121,10 +114,9 @@ class Trainer:
         self.publisher = WeightPublisher(self.actor.model, self.spec.weight_sync, dtype=rollout_dtype,
                                          device=self.device, servers=servers,
                                          lora_merge=bool(self.model_spec.lora and self.model_spec.lora.merge))
-        dispatcher = RolloutDispatcher(servers, weights=self.publisher, layout=self.layout, storage=self.storage,
-                                       timeout=self.spec.rollout.request_timeout_seconds) if servers else None
-        self.rollouts = rollouts.RolloutSource(self.spec, datasets=datasets, dispatcher=dispatcher,
-                                               storage=self.storage, total_steps=self.total_steps, device=self.device)
+        self.rollouts = rollouts.RolloutSource.connect(self.spec, servers=servers, weights=self.publisher,
+                                                       layout=self.layout, datasets=datasets, storage=self.storage,
+                                                       total_steps=self.total_steps, device=self.device)
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -137,8 +129,10 @@ class Trainer:
         # A LoRA adapter to start from (model.lora.adapterPath) is not what the servers loaded.
         started_from_adapter = bool(self.model_spec.lora and self.model_spec.lora.adapter_path)
         self.publisher.catch_up(self.state.policy_version, force=self.state.step > 0 or started_from_adapter)
-        if self.progress and self.rank == 0:
+        if self.progress is not None and self.rank == 0:
             self._write_progress({})      # Step goes back to the checkpoint's at once, with the reason
+        if self.spec.trainer.val_only:
+            return self._validate_only()
         if (metrics := self.validator.before_training(self.state.step, self.state.policy_version)) and self.rank == 0:
             self.metrics.log(0, metrics)
         bar = ProgressBar(self.total_steps, self.state.step) if self.rank == 0 else None
@@ -152,14 +146,14 @@ class Trainer:
             except StoppedWaiting as exc:
                 log.warning("Stopping on SIGTERM during step %d, %s: a resume redoes it from %s", step, exc,
                             self.checkpointer.last or "the start")
-                raise SystemExit(143) from None
+                raise SystemExit(STOPPED_EXIT_CODE) from None
             metrics |= self.validator.maybe_validate(step, self.state.policy_version, last=last)
             metrics |= self.checkpointer.maybe_save(step, self._checkpoint_state, metrics, last=last,
                                                     weights=self.publisher.final_weights)
             if self.rank == 0:
                 self.metrics.log(step, metrics)
                 self._write_progress(metrics)
-                self._prune_rollouts(step)
+                self.rollouts.prune(step, checkpoints=self._checkpoint_steps)
                 bar.update(metrics)
         weights, adapter = self.publisher.final_weights(), self.publisher.final_adapter()
         if self.rank == 0:
@@ -168,42 +162,42 @@ class Trainer:
             self.metrics.close()
         dist.barrier()
 
+    def _validate_only(self) -> None:
+        """trainer.valOnly (verl: trainer.val_only): the policy as loaded or resumed, validated once;
+        nothing trains, nothing is checkpointed or exported."""
+        metrics = self.validator.validate(self.state.step, self.state.policy_version)
+        if self.rank == 0:
+            log.info("trainer.valOnly: validated the policy of step %d; exiting without training", self.state.step)
+            self.metrics.log(self.state.step, metrics)
+            self._write_progress({})
+            self.metrics.close()
+        dist.barrier()
+
     def train_step(self, step: int) -> dict[str, float]:
         """One step of docs/ARCHITECTURE.md §1: rollouts, advantages and the update, new weights."""
         start = time.perf_counter()
-        # 1-2: prompts out, scored rollouts back
+        # trainer.paramOffload: the policy leaves the GPUs that colocated engines generate on
+        offloaded = self.actor.offloader.offload()
+        # 1-2: prompts out, scored rollouts back (a Generate wakes a sleeping engine's KV cache)
         batch, samples = self.rollouts.next(step, self.state.policy_version)
         if self.rank == 0:
-            self._record_accepted(step, batch)
+            self.rollouts.record_accepted(step, batch, world=self.world)
+        slept = self.rollouts.sleep_engines()     # colocated: the GPUs' memory to the update
+        onloaded = self.actor.offloader.onload()
         # 3: advantages, log-probs, the update
         update = self.actor.train_on(samples, off_policy=batch.off_policy, step=step)
         # 4: new weights to every rollout server, once the next step's generation (on these
         # weights) is done
         self.rollouts.settle()
         self.state.policy_version += 1
-        timings = {**batch.timings(), **update.timings, **self.publisher.publish(self.state.policy_version)}
+        woken = self.rollouts.wake_engines(("weights",))   # the engines' weights back, to take the new ones
+        timings = {**batch.timings(), **update.timings, **offloaded, **onloaded, **slept, **woken,
+                   **self.publisher.publish(self.state.policy_version)}
         timings["timing_s/step"] = time.perf_counter() - start
         if self.compile_cache is not None and self.rank == 0:
             self.compile_cache.save_if_grown()     # after the step: its first steps compile
         return {**step_metrics(step, self.state.policy_version, samples, batch, update, timings, world=self.world,
                                device=self.device), **self.rollouts.metrics()}
-
-    def _record_accepted(self, step: int, batch: rollouts.RolloutBatch) -> None:
-        """Which rollout shards this step trains on, beside them (before the update): export and
-        replay read these, never a guess from the attempt numbers (a restart counts them anew)."""
-        record = AcceptedRollouts(step=step, shards=[uri.rsplit("/", 1)[-1] for uri in batch.uris], keep=batch.keep,
-                                  off_policy=batch.off_policy, world_size=self.world, spec_sha256=self.spec_sha256)
-        self.storage.write_bytes(self.layout.accepted_rollouts(step), record.to_json())
-
-    def _prune_rollouts(self, step: int) -> None:
-        """storage.keepRolloutsSteps: the rollouts of older steps go, once this one is logged."""
-        if (keep := self.spec.storage.keep_rollouts_steps) is None:
-            return
-        checkpoints = [s for s, _ in complete_checkpoints(self.layout, self.storage)]
-        if deleted := retention.prune_rollouts(self.layout, self.storage, step=step, keep=keep,
-                                               checkpoints=checkpoints):
-            log.info("storage.keepRolloutsSteps %d: deleted the rollouts of steps %s", keep,
-                     format_ranges(step_ranges(deleted)))
 
     # --- stopping, checkpoints, progress -------------------------------------------------------
 
@@ -223,27 +217,31 @@ class Trainer:
         if self.rank == 0:
             self._write_progress({})      # its lastCheckpoint is the one a resume takes
             self.metrics.close(finished=False)
-        raise SystemExit(143)
+        raise SystemExit(STOPPED_EXIT_CODE)
+
+    def _checkpoint_steps(self) -> list[int]:
+        return [s for s, _ in complete_checkpoints(self.layout, self.storage)]
 
     def _checkpoint_state(self) -> dict:
-        """What the components need back on resume (rank 0's is the one kept)."""
-        return {"policy_version": self.state.policy_version, **self.rollouts.state_dict(), **self.actor.state_dict(),
-                "validation_score": self.validator.score,
-                "trackers": self.metrics.tracker_runs() if self.metrics else {},
-                "model": self.spec.model.model_dump(mode="json", by_alias=True),
-                "job": self.job_json, "world_size": self.world, "total_steps": self.total_steps,
-                **({"lora_config": self.lora_config} if self.lora_config else {})}
+        """What the components need back on resume, each its own part of state.TrainerState, which
+        the checkpointer validates them into (rank 0's is the one kept)."""
+        run = {"step": self.state.step, "policy_version": self.state.policy_version, "world_size": self.world,
+               "total_steps": self.total_steps, "job": self.job_json, "lora_config": self.lora_config,
+               "model": self.spec.model.model_dump(mode="json", by_alias=True)}
+        return {"trainer": run, "rollouts": self.rollouts.state_dict(), "actor": self.actor.state_dict(),
+                "validator": self.validator.state_dict(),
+                "metrics": {"trackers": self.metrics.tracker_runs() if self.metrics else {}}}
 
     def _write_progress(self, metrics: dict[str, float]) -> None:
         """progress.json, which the operator copies into the status. Without a step's metrics (a
         stop) the last ones stay."""
-        self.progress = {
-            **self.progress, "step": self.state.step, "totalSteps": self.total_steps,
-            "policyVersion": self.state.policy_version, "validationScore": self.validator.score,
-            "lastCheckpoint": self.checkpointer.last, "updatedAt": time.time(),
-            **({"epoch": metrics["training/epoch"], "rewardMean": metrics["critic/score/mean"],
-                "tokensPerSecond": metrics["perf/throughput"]} if metrics else {}),
-            **({"bestStep": self.checkpointer.best["step"], "bestScore": self.checkpointer.best["score"]}
-               if self.checkpointer.best else {}),
-        }
-        self.metrics.write_progress(self.progress)
+        best = self.checkpointer.best
+        self.progress = Progress.model_validate({
+            **(self.progress or Progress()).model_dump(), "step": self.state.step, "total_steps": self.total_steps,
+            "policy_version": self.state.policy_version, "validation_score": self.validator.score,
+            "last_checkpoint": self.checkpointer.last,
+            **({"epoch": metrics["training/epoch"], "reward_mean": metrics["critic/score/mean"],
+                "reward_error_fraction": metrics["reward/error_fraction"],
+                "tool_error_fraction": metrics.get("tool_calls/error_fraction")} if metrics else {}),
+            **({"best_step": best["step"], "best_score": best["score"]} if best else {})})
+        self.storage.write_bytes(self.layout.progress, self.progress.to_json())

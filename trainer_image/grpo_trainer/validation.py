@@ -5,39 +5,61 @@ training with trainer.valBeforeTrain (verl's test_freq, val_before_train)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch.distributed as dist
 
 from grpo_api.spec import GRPOJobSpec
+from grpo_trainer.reward_checks import ValidationFailureNote
 from grpo_trainer.rollouts import RolloutSource
+from grpo_trainer.state import ValidatorState
 
 log = logging.getLogger("grpo.trainer")
 
 
 class Validator:
-    def __init__(self, spec: GRPOJobSpec, rollouts: RolloutSource):
-        self.spec, self.rollouts = spec, rollouts
+    def __init__(self, spec: GRPOJobSpec, rollouts: RolloutSource,
+                 generating: Callable[[], AbstractContextManager] = contextlib.nullcontext):
+        """`generating`: entered on every rank around validation's generation (the policy off the
+        GPUs that colocated engines generate on, with trainer.paramOffload)."""
+        self.spec, self.rollouts, self.generating = spec, rollouts, generating
         self.enabled = bool(spec.data.val_files)
         self.score: float | None = None   # the latest (rank 0; resumed from the checkpoint)
+        self.failures = ValidationFailureNote()
+
+    def state_dict(self) -> ValidatorState:
+        return ValidatorState(score=self.score)
+
+    def load_state_dict(self, state: ValidatorState) -> None:
+        self.score = state.score
 
     def should_validate(self, step: int, *, last: bool) -> bool:
         freq = self.spec.trainer.test_freq
         return self.enabled and freq != -1 and (last or (freq > 0 and step % freq == 0))
 
     def maybe_validate(self, step: int, version: int, *, last: bool) -> dict[str, float]:
-        """Collective, after step `step`: {"val/score": ...} (rank 0's score; None elsewhere)
-        when validation is due, else {}."""
-        return {"val/score": self.validate(step, version)} if self.should_validate(step, last=last) else {}
+        """Collective, after step `step`: validate's metrics when validation is due, else {}."""
+        return self.validate(step, version) if self.should_validate(step, last=last) else {}
 
     def before_training(self, step: int, version: int) -> dict[str, float]:
         """Collective, at the start: validate the initial policy (trainer.valBeforeTrain), not a
         resumed one."""
         due = self.enabled and self.spec.trainer.val_before_train and step == 0
-        return {"val/score": self.validate(step, version)} if due else {}
+        return self.validate(step, version) if due else {}
 
-    def validate(self, step: int, version: int) -> float | None:
+    def validate(self, step: int, version: int) -> dict[str, float]:
+        """Collective: on rank 0 {"val/score": ..., "val/reward_errors/<kind>": ...} (the reward
+        function's failures on the validation samples, each scored 0 in val/score); elsewhere
+        {"val/score": None}."""
+        with self.generating():
+            return self._validate(step, version)
+
+    def _validate(self, step: int, version: int) -> dict[str, float]:
+        metrics = {}
         if self.rollouts.rank0:
             rows = self.rollouts.datasets.val.rows
             size = self.spec.data.val_batch_size or len(rows)
@@ -45,7 +67,9 @@ class Validator:
             for k in range(0, len(rows), size):
                 uris += self.rollouts.generate(step, f"val{k // size}", 0, rows[k:k + size], n=1,
                                                temperature=self.spec.rollout.val_temperature, version=version)[0]
-            self.score = statistics.fmean(s.reward for s in self.rollouts.read(uris))
+            samples = self.rollouts.read(uris)
+            self.score = statistics.fmean(s.reward for s in samples)
             log.info("Validation accuracy: %.1f%% (epoch %d)", 100 * self.score, self.rollouts.epoch)
+            metrics = self.failures.counts(step, samples)
         dist.barrier()
-        return self.score if self.rollouts.rank0 else None
+        return {"val/score": self.score if self.rollouts.rank0 else None, **metrics}

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SamplingParams(_message.Message):
-    __slots__ = ("n", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+    __slots__ = ("n", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "logprobs")
     N_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,7 @@ class SamplingParams(_message.Message):
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     n: int
     max_tokens: int
     temperature: float
@@ -22,7 +23,8 @@ class SamplingParams(_message.Message):
     top_k: int
     seed: int
     stop: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, n: _Optional[int] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
+    logprobs: bool
+    def __init__(self, n: _Optional[int] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., logprobs: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "prompt_uri", "output_uri", "sampling", "expected_policy_version", "step", "shard")
@@ -232,3 +234,33 @@ class InfoReply(_message.Message):
     accepts_lora_adapters: bool
     tool_schemas_json: str
     def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., policy_version: _Optional[int] = ..., capacity: _Optional[int] = ..., num_parameters: _Optional[int] = ..., device: _Optional[str] = ..., device_uuid: _Optional[str] = ..., accepts_lora_adapters: _Optional[bool] = ..., tool_schemas_json: _Optional[str] = ...) -> None: ...
+
+class SleepRequest(_message.Message):
+    __slots__ = ("level",)
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    level: int
+    def __init__(self, level: _Optional[int] = ...) -> None: ...
+
+class SleepReply(_message.Message):
+    __slots__ = ("seconds", "weights_dropped", "policy_version")
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    seconds: float
+    weights_dropped: bool
+    policy_version: int
+    def __init__(self, seconds: _Optional[float] = ..., weights_dropped: _Optional[bool] = ..., policy_version: _Optional[int] = ...) -> None: ...
+
+class WakeUpRequest(_message.Message):
+    __slots__ = ("parts",)
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    parts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, parts: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class WakeUpReply(_message.Message):
+    __slots__ = ("seconds", "policy_version")
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    seconds: float
+    policy_version: int
+    def __init__(self, seconds: _Optional[float] = ..., policy_version: _Optional[int] = ...) -> None: ...

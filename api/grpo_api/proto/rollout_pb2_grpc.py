@@ -59,6 +59,16 @@ class RolloutStub:
                 request_serializer=rollout__pb2.InfoRequest.SerializeToString,
                 response_deserializer=rollout__pb2.InfoReply.FromString,
                 _registered_method=True)
+        self.Sleep = channel.unary_unary(
+                '/grpo.v1.Rollout/Sleep',
+                request_serializer=rollout__pb2.SleepRequest.SerializeToString,
+                response_deserializer=rollout__pb2.SleepReply.FromString,
+                _registered_method=True)
+        self.WakeUp = channel.unary_unary(
+                '/grpo.v1.Rollout/WakeUp',
+                request_serializer=rollout__pb2.WakeUpRequest.SerializeToString,
+                response_deserializer=rollout__pb2.WakeUpReply.FromString,
+                _registered_method=True)
 
 
 class RolloutServicer:
@@ -101,6 +111,23 @@ class RolloutServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Sleep(self, request, context):
+        """rollout.placement colocated (verl's hybrid engine): the trainer asks its servers to free the
+        GPU memory they share with it before the update, and to take it back before the weight sync.
+        Level 1 frees the KV cache (vLLM offloads the weights to host memory); level 2 drops the
+        weights too: the server then holds unknown weights until the next sync. A Generate or weight
+        sync that reaches a sleeping server wakes it first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WakeUp(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -128,6 +155,16 @@ def add_RolloutServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=rollout__pb2.InfoRequest.FromString,
                     response_serializer=rollout__pb2.InfoReply.SerializeToString,
+            ),
+            'Sleep': grpc.unary_unary_rpc_method_handler(
+                    servicer.Sleep,
+                    request_deserializer=rollout__pb2.SleepRequest.FromString,
+                    response_serializer=rollout__pb2.SleepReply.SerializeToString,
+            ),
+            'WakeUp': grpc.unary_unary_rpc_method_handler(
+                    servicer.WakeUp,
+                    request_deserializer=rollout__pb2.WakeUpRequest.FromString,
+                    response_serializer=rollout__pb2.WakeUpReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -265,6 +302,60 @@ class Rollout:
             '/grpo.v1.Rollout/Info',
             rollout__pb2.InfoRequest.SerializeToString,
             rollout__pb2.InfoReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Sleep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grpo.v1.Rollout/Sleep',
+            rollout__pb2.SleepRequest.SerializeToString,
+            rollout__pb2.SleepReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WakeUp(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grpo.v1.Rollout/WakeUp',
+            rollout__pb2.WakeUpRequest.SerializeToString,
+            rollout__pb2.WakeUpReply.FromString,
             options,
             channel_credentials,
             insecure,

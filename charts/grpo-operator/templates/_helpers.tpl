@@ -74,6 +74,11 @@ Server-side apply is a `patch`, and a `create` too when the object doesn't exist
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch", "patch", "delete"]
+# The reward and sandbox pods' logs, kept in the run before they are scaled away (they can't
+# write storage themselves: grpo_operator/server_logs.py).
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
 # Events on GRPOJobs (the operator's and kopf's).
 - apiGroups: [""]
   resources: ["events"]

@@ -1,6 +1,8 @@
 """Turn `spec.reward.function` into a callable with verl's signature.
 
-- "auto": dispatch on `data_source` through the registry (GSM8K, the math datasets).
+- "auto": dispatch on `data_source` through the registry, as verl's default_compute_score routes
+  (GSM8K; DAPO's math rule for math_dapo, math, aime*; math-verify for the MATH datasets); a data
+  source with no rule is an error, as in verl (NotImplementedError there).
 - "package.module:function": an importable module (e.g. shipped in the rollout image).
 - "path/to/file.py:function": a file, loaded as a module as verl's `custom_reward_function`
   does (on Kubernetes, typically a ConfigMap mounted into the rollout pods).
@@ -18,11 +20,13 @@ AUTO = "auto"
 
 def _register_builtins() -> None:
     # Importing the modules runs their @register decorators on the default registry.
-    from grpo_rollout.rewards import gsm8k, math_answer  # noqa: F401
+    from grpo_rollout.rewards import colours, geo3k, gsm8k, math_answer, math_dapo  # noqa: F401
 
 
-def dispatch_by_data_source(data_source, solution_str, ground_truth, extra_info=None, *, registry: RewardRegistry):
-    return registry.get(data_source)(data_source, solution_str, ground_truth, extra_info)
+def dispatch_by_data_source(data_source, solution_str, ground_truth, extra_info=None, *, registry: RewardRegistry,
+                            **kwargs):
+    return registry.get(data_source)(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
+                                     extra_info=extra_info, **kwargs)
 
 
 def load_reward_function(ref: str, registry: RewardRegistry | None = None) -> RewardFn:

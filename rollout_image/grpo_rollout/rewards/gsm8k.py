@@ -35,5 +35,5 @@ def gsm8k_score(solution_str: str, ground_truth: str, format_score: float = 0.0,
 
 
 @register("openai/gsm8k")
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
     return gsm8k_score(solution_str, str(ground_truth))

@@ -1,6 +1,8 @@
-"""Competition math (MATH, MATH-500, DAPO-Math...): the answer in the response (preferably in
+"""Competition math (MATH, MATH-500): the answer in the response (preferably in
 `\\boxed{}`) is compared with the ground truth by math-verify, which parses both into sympy and
-checks equivalence, so `\\boxed{\\frac{1}{2}}` matches `0.5` (as verl's math_verify scorer)."""
+checks equivalence, so `\\boxed{\\frac{1}{2}}` matches `0.5` (as verl's math_verify scorer, which verl's
+default_compute_score suggests for these data sources over its string-matching math_reward). DAPO's
+data sources (math_dapo, math, aime*) have verl's own rule: math_dapo.py."""
 
 from __future__ import annotations
 
@@ -10,9 +12,6 @@ MATH_DATA_SOURCES = (
     "lighteval/MATH",
     "DigitalLearningGmbH/MATH-lighteval",
     "HuggingFaceH4/MATH-500",
-    "math",
-    "math_dapo",
-    "math_dapo_reasoning",
 )
 
 _verifier = None
@@ -40,5 +39,5 @@ def math_score(solution_str: str, ground_truth: str) -> float:
 
 
 @register(*MATH_DATA_SOURCES)
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
     return math_score(solution_str, str(ground_truth))

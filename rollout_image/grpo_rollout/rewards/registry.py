@@ -2,7 +2,9 @@
 (STYLE.md: registries are objects; duplicates refused; unknown names list the known ones).
 
 Every function has verl's signature: `compute_score(data_source, solution_str, ground_truth,
-extra_info=None) -> float | dict` (a dict carries the score under "score" and extra fields).
+extra_info=None, **kwargs) -> float | dict` (a dict carries the score under "score" and extra
+fields), and is called with keyword arguments. A name ending in `*` is a prefix (verl's `aime*`);
+an exact name wins over a prefix.
 """
 
 from __future__ import annotations
@@ -33,17 +35,23 @@ class RewardRegistry:
         return add
 
     def get(self, data_source: str) -> RewardFn:
-        try:
+        if data_source in self._fns:
             return self._fns[data_source]
-        except KeyError:
-            raise ValueError(f"no reward function for data_source {data_source!r}; known: {sorted(self._fns)}. "
-                             f"Set spec.reward.function to 'module:function' or 'file.py:function' for others.") from None
+        prefixes = sorted((n for n in self._fns if n.endswith("*") and data_source.startswith(n[:-1])), key=len)
+        if prefixes:
+            return self._fns[prefixes[-1]]
+        raise ValueError(f"no reward function for data_source {data_source!r}; known: {sorted(self._fns)}. "
+                         f"Set spec.reward.function to 'module:function' or 'file.py:function' for others.")
 
     def known(self) -> list[str]:
         return sorted(self._fns)
 
     def __contains__(self, data_source: str) -> bool:
-        return data_source in self._fns
+        try:
+            self.get(data_source)
+        except ValueError:
+            return False
+        return True
 
 
 DEFAULT_REGISTRY = RewardRegistry()

@@ -5,6 +5,7 @@ a timeout, and turns every failure into an error message for the model."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import threading
 import time
 from dataclasses import dataclass
 
@@ -55,7 +56,7 @@ class ToolCall:
 class ToolResult:
     name: str
     text: str
-    error: str          # "" or the kind: parse, unknown_tool, tool_error, unavailable, timeout, crash
+    error: str          # "" or the kind, one of grpo_api.records.TOOL_ERROR_KINDS (the trainer counts each)
     seconds: float
 
 
@@ -73,52 +74,70 @@ def truncate(text: str, limit: int, side: str) -> str:
 
 
 class ToolRunner:
-    """Runs calls on a thread pool. A call past its timeout answers with an error at once; its
-    thread is left to finish on its own (Python can't kill a thread: a function tool that never
-    returns holds one pool thread; the `python` tool's process is killed by its own limit)."""
+    """Runs a turn's calls at once, each in a thread of its own and under its own timeout, counted
+    from its own start; `seconds` is that call's time. A call past its timeout answers with an
+    error at once and its thread is abandoned (Python can't kill a thread; the `python` tool's
+    process is killed by its own limit). Abandoned threads never delay other calls, as a shared
+    pool's would; while `max_running` calls are still running (hung ones included), a new call is
+    refused as `unavailable` rather than queued behind them."""
 
     def __init__(self, tools: dict[str, Tool], *, timeout_seconds: float, max_response_length: int,
-                 truncate_side: str, workers: int = 16):
+                 truncate_side: str, max_running: int = 256):
         self.tools = tools
         self.timeout = timeout_seconds
         self.max_length = max_response_length
         self.side = truncate_side
-        self._pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tool")
+        self._slots = threading.BoundedSemaphore(max_running)
+        self.max_running = max_running
 
     def run(self, calls: list[tuple[ToolCall, dict]]) -> list[ToolResult]:
         """`calls`: each with its row's create_kwargs for that tool. Results in order."""
-        started = time.monotonic()
-        futures = [self._submit(call, kwargs) for call, kwargs in calls]
-        results = []
-        for (call, _), future in zip(calls, futures):
-            if isinstance(future, ToolResult):
-                results.append(future)
-                continue
-            left = max(0.0, self.timeout - (time.monotonic() - started))
-            try:
-                text, error = future.result(timeout=left), ""
-            except cf.TimeoutError:
-                text, error = f"Error: tool {call.name} timed out after {self.timeout:g}s", "timeout"
-            except ToolUnavailable as exc:
-                text, error = f"Error: {exc}", "unavailable"
-            except ToolError as exc:
-                text, error = f"Error: {exc}", "tool_error"
-            except Exception as exc:  # noqa: BLE001 - a tool's crash is the model's answer, not the server's
-                text, error = f"Error: tool {call.name} raised {type(exc).__name__}: {exc}", "crash"
-            results.append(ToolResult(call.name, truncate(text, self.max_length, self.side), error,
-                                      time.monotonic() - started))
-        return results
+        started = [self._start(call, kwargs) for call, kwargs in calls]
+        return [self._result(call, begun) for (call, _), begun in zip(calls, started)]
 
-    def _submit(self, call: ToolCall, create_kwargs: dict):
+    def _start(self, call: ToolCall, create_kwargs: dict):
+        """A ToolResult at once (nothing to run), or (future, start time) of the call's thread."""
         if call.error:
             return ToolResult(call.name, f"Error: {call.error}", "parse", 0.0)
         tool = self.tools.get(call.name)
         if tool is None:
             return ToolResult(call.name, f"Error: no tool named {call.name!r}; the tools are {sorted(self.tools)}",
                               "unknown_tool", 0.0)
-        return self._pool.submit(tool.call, call.arguments, create_kwargs)
+        if not self._slots.acquire(blocking=False):
+            return ToolResult(call.name, f"Error: tool {call.name} is unavailable: {self.max_running} calls are "
+                              f"still running (hung past the timeout)", "unavailable", 0.0)
+        future: cf.Future = cf.Future()
+
+        def target():
+            try:
+                answer, failure = tool.call(call.arguments, create_kwargs), None
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+                answer, failure = None, exc
+            self._slots.release()
+            future.seconds = time.monotonic() - begun      # before the result: a reader sees both
+            future.set_exception(failure) if failure else future.set_result(answer)
+        begun = time.monotonic()
+        threading.Thread(target=target, name=f"tool-{call.name}", daemon=True).start()
+        return future, begun
+
+    def _result(self, call: ToolCall, started) -> ToolResult:
+        if isinstance(started, ToolResult):
+            return started
+        future, begun = started
+        try:
+            text, error = future.result(timeout=max(0.0, begun + self.timeout - time.monotonic())), ""
+        except cf.TimeoutError:
+            text, error = f"Error: tool {call.name} timed out after {self.timeout:g}s", "timeout"
+        except ToolUnavailable as exc:
+            text, error = f"Error: {exc}", "unavailable"
+        except ToolError as exc:
+            text, error = f"Error: {exc}", "tool_error"
+        except Exception as exc:  # noqa: BLE001 - a tool's crash is the model's answer, not the server's
+            text, error = f"Error: tool {call.name} raised {type(exc).__name__}: {exc}", "crash"
+        seconds = getattr(future, "seconds", None) if future.done() else None
+        return ToolResult(call.name, truncate(text, self.max_length, self.side), error,
+                          self.timeout if seconds is None else seconds)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
         for tool in self.tools.values():
             tool.close()

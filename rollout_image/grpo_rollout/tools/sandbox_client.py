@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 
+from grpo_api.contracts import SANDBOX_ADDRESSES_ENV, split_addresses
 from grpo_api.proto import sandbox_pb2 as pb
 from grpo_api.proto import sandbox_pb2_grpc as pb_grpc
 from grpo_api.rpc import ClientAuth
@@ -19,8 +20,6 @@ from grpo_api.spec import MultiTurnSpec
 from grpo_rollout.replicas import Replicas, ReplicasUnavailable
 from grpo_rollout.tools.base import ToolUnavailable
 
-ADDRESSES_ENV = "GRPO_SANDBOX_ADDRESSES"
-"""`host:port,host:port` or a `dns:///` name: the job's sandbox servers."""
 START_SECONDS = 5.0
 """A program's allowance beyond its wall-clock limit: process start-up, the call's round trip."""
 
@@ -49,5 +48,4 @@ class SandboxClient:
 
 def sandbox_addresses(given: list[str]) -> list[str]:
     """`--sandbox` values, else $GRPO_SANDBOX_ADDRESSES; each may list several, comma-separated."""
-    text = ",".join(given) or os.environ.get(ADDRESSES_ENV, "")
-    return [a.strip() for a in text.split(",") if a.strip()]
+    return split_addresses(",".join(given) or os.environ.get(SANDBOX_ADDRESSES_ENV, ""))

@@ -38,3 +38,17 @@ class OneGroupShort:
 
     def generate(self, prompts, params):
         return self.engine.generate([p.prompt_ids for p in prompts], params)[:-1]
+
+
+class Rambler:
+    """Appends an environment's 20 tokens (mask 0) and 20 more of its own past the model's answer:
+    longer than data.maxResponseLength, which the server must cut."""
+
+    def __init__(self, spec, engine, tokenizer):
+        self.engine = engine
+        self.word = tokenizer.convert_tokens_to_ids("answer")
+
+    def generate(self, prompts, params):
+        return [[Sample(s.token_ids + [self.word] * 40, s.logprobs + [-1.0] * 40, "stop",
+                        response_mask=[1] * len(s.token_ids) + [0] * 20 + [1] * 20)
+                 for s in group] for group in self.engine.generate([p.prompt_ids for p in prompts], params)]

@@ -4,9 +4,11 @@ Names and formulas follow verl's ``verl/trainer/ppo/core_algos.py``, one concept
 
 - ``advantages``: ``compute_advantages`` and the estimators grpo, rloo, reinforce_plus_plus,
   reinforce_plus_plus_baseline, opo (``ADV_ESTIMATORS`` registry); PPO's GAE
-  (``compute_gae_advantage_return``), which needs the critic's values.
+  (``compute_gae_advantage_return``), which needs the critic's values. ``advantages_group``: gpg,
+  grpo_passk, grpo_vectorized, rloo_vectorized.
 - ``losses``: ``policy_loss`` with vanilla (dual-clip PPO, clip-higher) and gspo (``POLICY_LOSSES``);
-  the critic's clipped ``value_loss``.
+  the critic's clipped ``value_loss``. ``losses_entropy``: clip_cov, kl_cov; ``losses_ratio``: cispo,
+  sapo, geo_mean (GMPO), gpg; ``losses_trust``: dppo_tv, dppo_kl, dro.
 - ``aggregation``: ``aggregate_loss`` and ``LossNormalizer`` (exact gradient accumulation).
 - ``kl``: ``kl_penalty`` (k1, abs, k2, k3 and their ``+`` straight-through variants) and the
   ``KLController`` of a KL penalty in the reward (fixed, adaptive).
@@ -18,11 +20,13 @@ shaping is scored with the reward on the rollout servers (``grpo_rollout.rewards
 """
 
 from .advantages import compute_advantages, compute_gae_advantage_return
+from . import advantages_group  # noqa: F401  (it registers its estimators)
 from .aggregation import LOSS_AGG_MODES, LossNormalizer, aggregate_loss, loss_denominator, loss_numerator
 from .groups import Groups
 from .kl import KL_TYPES, KLController, kl_penalty
 from .logprobs import entropy_from_logits, fused_linear_logprobs, logprobs_from_logits
 from .losses import policy_loss, value_loss
+from . import losses_entropy, losses_ratio, losses_trust  # noqa: F401  (they register their losses)
 from .masked import masked_mean, masked_sum, masked_var, masked_whiten
 from .registry import (
     ADV_ESTIMATORS,

@@ -1,20 +1,25 @@
 """Loss aggregation: ``[B, T]`` per-token losses -> one scalar, and its micro-batch/data-parallel form.
 
 Modes (verl's ``agg_loss`` / ``actor.loss_agg_mode``), for a mini-batch of sequences ``s`` with
-``n_s`` response tokens, ``N = sum_s n_s`` tokens in all, ``S`` sequences with ``n_s > 0``, ``R``
-rows (sequences, empty or not) and scale factor ``C``:
+``n_s`` response tokens, ``N = sum_s n_s`` tokens in all, ``R`` rows (sequences, empty or not)
+and scale factor ``C``:
 
 ==========================  ===========================================  ===========
 mode                        loss                                         denominator
 ==========================  ===========================================  ===========
 token-mean                  sum_{s,t} l_st / N                           N
-seq-mean-token-sum          sum_s (sum_t l_st) / S                       S
-seq-mean-token-mean         sum_s (sum_t l_st / n_s) / S                 S
+seq-mean-token-sum          sum_s (sum_t l_st) / R                       R
+seq-mean-token-mean         sum_s (sum_t l_st / n_s) / R                 R
 seq-mean-token-sum-norm     sum_{s,t} l_st / (R * C)   (Dr.GRPO)         R * C
 ==========================  ===========================================  ===========
 
 ``C`` defaults to the padded response width ``T`` (verl's ``loss_scale_factor``); set it to
 ``data.maxResponseLength`` so the normalisation is the same constant at every step.
+
+The seq-mean modes count every sequence of the mini-batch, empty ones too (a response that
+rollout-correction rejection masked whole, or an empty generation): verl's trainer passes
+``global_batch_size`` = ppo_mini_batch_size x n to ``agg_loss``, so an emptied response still
+weighs in the denominator and the others' gradient is not scaled up by R/S.
 
 Every mode is ``numerator / denominator`` where the numerator is a sum over sequences. So a
 mini-batch split into micro-batches (and across data-parallel ranks) gets the *same gradient* as
@@ -88,8 +93,8 @@ def _denominator(response_mask: torch.Tensor, mode: str, scale_factor: float | N
         if scale <= 0:
             raise ValueError(f"scale_factor must be > 0 (got {scale_factor})")
         return torch.tensor(float(response_mask.shape[0] * scale), dtype=torch.float64)
-    # seq-mean-*: fully masked sequences (empty responses) are not counted, as verl.
-    return (response_mask.sum(dim=-1) > 0).sum(dtype=torch.float64)
+    # seq-mean-*: every row counts, empty or not (verl's trainer: global_batch_size; module doc).
+    return torch.tensor(float(response_mask.shape[0]), dtype=torch.float64)
 
 
 def aggregate_loss(

@@ -1,14 +1,21 @@
 """Clipped policy-gradient losses: ``vanilla`` (dual-clip PPO with asymmetric clip) and ``gspo``.
 
-Formulas follow verl's ``compute_policy_loss_vanilla`` / ``compute_policy_loss_gspo``. A registered
-policy loss returns the *per-token* loss matrix and its metrics; ``policy_loss`` aggregates it, so
-every loss (a user's too) gets the same ``loss_agg_mode`` handling and exact gradient accumulation
-through a ``LossNormalizer``::
+Formulas follow verl's ``compute_policy_loss_vanilla`` / ``compute_policy_loss_gspo``; verl's other
+losses live beside this module (``losses_entropy``: clip_cov, kl_cov; ``losses_ratio``: cispo,
+sapo, geo_mean, gpg; ``losses_trust``: dppo_tv, dppo_kl, dro). A registered policy loss returns
+the *per-token* loss matrix and its metrics; ``policy_loss`` aggregates it, so every loss (a
+user's too) gets the same ``loss_agg_mode`` handling and exact gradient accumulation through a
+``LossNormalizer``::
 
     @register_policy_loss("my_loss")
-    def my_loss(old_logp, logp, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c):
+    def my_loss(old_logp, logp, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
+                config=None):
         ...
         return loss_mat, metrics            # [B, T], dict of detached 0-d tensors
+
+``config`` is the job's ``algorithm.policyLossConfig`` (verl's ``actor.policy_loss``: clip_cov_ratio,
+kl_cov_ratio, ppo_kl_coef, tau_pos, ...), read by attribute; the losses that need it refuse None,
+so its defaults live only in the job spec.
 
 Metrics are means over this call's response tokens: ``pg_clipfrac`` (tokens whose loss the clip
 raised: ``pg_clipfrac_high`` + ``pg_clipfrac_low``), ``pg_clipfrac_lower`` (tokens hit by the dual
@@ -40,6 +47,7 @@ def policy_loss(
     normalizer: LossNormalizer | None = None,
     registry: Registry | None = None,
     weights: torch.Tensor | None = None,
+    config: object | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """Scalar policy loss of the loss registered as ``mode`` and its metrics.
 
@@ -69,6 +77,7 @@ def policy_loss(
         clip_ratio_low=clip_ratio_low,
         clip_ratio_high=clip_ratio_high,
         clip_ratio_c=clip_ratio_c,
+        config=config,
     )
     if weights is not None:
         loss_mat = loss_mat * weights.detach()
@@ -79,6 +88,19 @@ def policy_loss(
             raise ValueError(f"normalizer was built for {normalizer.mode!r} but loss_agg_mode is {loss_agg_mode!r}")
         loss = normalizer(loss_mat, response_mask)
     return loss, metrics
+
+
+def clamped_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
+    """``log r = logp - old_logp``, clamped to [-20, 20] before any exp (stability), as verl."""
+    return torch.clamp(logp - old_logp, min=-20.0, max=20.0)
+
+
+def needs_config(config: object | None, mode: str) -> object:
+    """``config`` for a loss that reads its parameters from it; a clear error without one."""
+    if config is None:
+        raise ValueError(f"policy loss {mode!r} reads its parameters from config (the job's "
+                         "algorithm.policyLossConfig); pass config=")
+    return config
 
 
 def _clip_metrics(
@@ -107,13 +129,15 @@ def compute_policy_loss_vanilla(
     clip_ratio_low: float,
     clip_ratio_high: float,
     clip_ratio_c: float,
+    config: object | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """PPO-clip per token, ``max(-A r, -A clip(r, 1-low, 1+high))``, plus the dual clip for A < 0.
 
     ``clip_ratio_high > clip_ratio_low`` is DAPO's clip-higher. The dual clip (arXiv:1912.09729)
     caps the loss of a negative-advantage token at ``-A * clip_ratio_c`` when the ratio explodes.
     """
-    negative_approx_kl = torch.clamp(logp - old_logp, min=-20.0, max=20.0)  # clamp before exp: stability
+    del config
+    negative_approx_kl = clamped_log_ratio(logp, old_logp)
     ratio = torch.exp(negative_approx_kl)
     ppo_kl = masked_mean(-negative_approx_kl, response_mask)
 
@@ -148,6 +172,7 @@ def compute_policy_loss_gspo(
     clip_ratio_low: float,
     clip_ratio_high: float,
     clip_ratio_c: float,
+    config: object | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """GSPO (arXiv:2507.18071): clip the *sequence* ratio ``s_i = exp(mean_t(logp - old_logp))``.
 
@@ -155,7 +180,7 @@ def compute_policy_loss_gspo(
     gradient is ``s_i * grad logp_t``, so with seq-mean-token-mean aggregation the gradient is
     GSPO's ``s_i * mean_t grad logp_t``. No dual clip: ``clip_ratio_c`` is unused.
     """
-    del clip_ratio_c
+    del clip_ratio_c, config
     negative_approx_kl = logp - old_logp
     seq_lengths = response_mask.sum(dim=-1).clamp(min=1).to(logp.dtype)
     negative_approx_kl_seq = (negative_approx_kl * response_mask).sum(dim=-1) / seq_lengths

@@ -74,10 +74,18 @@ def rollout_rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor, options:
 
 
 def correction_metrics(log_ratio: torch.Tensor, kept: torch.Tensor, rejected_responses: torch.Tensor,
-                       weights: torch.Tensor | None) -> dict[str, float]:
+                       weights: torch.Tensor | None, seq_log_ratios: torch.Tensor | None = None, *,
+                       icepop: bool = False) -> dict[str, float]:
     """The mismatch, the rejected shares and the weights' distribution (verl's names, under
     ``rollout_corr/``), from flat tensors: every response token's log ratio, whether it is kept
-    and its weight, and for every response whether any of its tokens was rejected."""
+    and its weight, and for every response whether any of its tokens was rejected.
+
+    With sequence-level weights pass ``seq_log_ratios`` (each response's summed log ratio): max and
+    min are then the raw weights, before the safety bound's lower side and the truncation, as
+    verl's ``compute_is_metrics`` reports them (so a run shows how far off a response really is).
+
+    With ``icepop`` (a lower bound) ``rollout_is_oob_ratio`` is the share of response tokens whose
+    weight IcePop zeroed, as verl names it."""
     metrics = {"rollout_corr/log_ratio_abs_mean": float(log_ratio.abs().mean()),
                "rollout_corr/rollout_rs_masked_fraction": float(1 - kept.float().mean()),
                "rollout_corr/rollout_rs_seq_masked_fraction": float(rejected_responses.float().mean())}
@@ -87,4 +95,9 @@ def correction_metrics(log_ratio: torch.Tensor, kept: torch.Tensor, rejected_res
                     "rollout_corr/rollout_is_min": float(weights.min()),
                     # the effective sample size as a fraction of the tokens: (mean w)^2 / mean(w^2)
                     "rollout_corr/rollout_is_eff_sample_size": float(weights.mean() ** 2 / weights.square().mean())}
+        if icepop:      # a raw weight is >= exp(-20) > 0, so a zero on a response token is IcePop's
+            metrics["rollout_corr/rollout_is_oob_ratio"] = float((weights == 0).double().mean())
+        if seq_log_ratios is not None:
+            metrics |= {"rollout_corr/rollout_is_max": math.exp(min(float(seq_log_ratios.max()), SAFETY_BOUND)),
+                        "rollout_corr/rollout_is_min": math.exp(float(seq_log_ratios.min()))}
     return metrics

@@ -4,6 +4,7 @@ RunView. Every route is a GET; nothing writes to the run.
   /                    the run: its curves and its steps
   /step/N              step N's prompts and their groups of responses, with the filters
   /prompt/KEY          one prompt (its dataset index) across a window of steps, with the filters
+  /image/SHA256        a VL prompt's image, from the run's images/ (the name its records give it)
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from grpo_api.images import image_kind
 from grpo_trainer.ui.run_view import GROUPS_PER_PAGE, PROMPT_WINDOW, RunView, ViewFilters
 
 HERE = Path(__file__).parent
@@ -45,7 +48,7 @@ def build_app(view: RunView) -> Starlette:
         pages = max(1, math.ceil(len(shown) / GROUPS_PER_PAGE))
         on_page = shown[(page - 1) * GROUPS_PER_PAGE:page * GROUPS_PER_PAGE]
         view.tokenize(on_page)
-        steps = [s for s in view.history.steps() if s != step]
+        steps = [s for s in view.rollout_steps() if s != step]
         return templates.TemplateResponse(request, "step.html", {
             "root": root, "step": step, "groups": on_page,
             "page": page, "pages": pages, "filters": filters, "sources": _sources(groups),
@@ -56,8 +59,11 @@ def build_app(view: RunView) -> Starlette:
 
     def prompt_page(request: Request):
         key = request.path_params["key"]
+        if not (key.isascii() and key.isdigit() and key == str(int(key))):
+            raise HTTPException(404, f"prompt {key!r}: not a prompt; a prompt is its dataset row number, as "
+                                     "in /prompt/12 (each group's \"this prompt across steps\" link)")
         filters = _filters(request)
-        stored = view.history.steps()
+        stored = view.rollout_steps()
         last = _int(request, "last", stored[-1] if stored else 0)
         first = _int(request, "first", max(1, last - PROMPT_WINDOW + 1))
         groups = _filtered(view.prompt_across_steps(key, first, last), filters, keep_empty=True)
@@ -70,7 +76,17 @@ def build_app(view: RunView) -> Starlette:
                                  "max": [max((s.reward for s in g.samples), default=None) for g in groups]}},
             "window": PROMPT_WINDOW, "query": _query(request)})
 
+    def image(request: Request):
+        try:
+            data = view.image(request.path_params["name"])
+        except LookupError as exc:
+            raise HTTPException(404, str(exc)) from None
+        # Named by its hash, an image never changes; nosniff: a stored file is never run as a page.
+        return Response(data, media_type=image_kind(data)[0],
+                        headers={"Cache-Control": "max-age=31536000, immutable", "X-Content-Type-Options": "nosniff"})
+
     routes = [Route("/", run_page), Route("/step/{step:int}", step_page), Route("/prompt/{key}", prompt_page),
+              Route("/image/{name}", image),
               Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")]
     return Starlette(routes=routes)
 

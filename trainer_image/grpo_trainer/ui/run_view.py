@@ -1,4 +1,4 @@
-"""What `grpo ui` shows of a run, read from its storage (grpo_api.rollout_history, as `grpo rollouts
+"""What `grpo ui` shows of a run, read from its storage (grpo_trainer.rollout_history, as `grpo rollouts
 export` reads it): the curves from metrics.jsonl, the steps from the rollouts/ folder listing, one
 step's groups from that step's accepted shards only, one prompt across a window of steps.
 
@@ -16,11 +16,17 @@ from threading import Lock
 
 import pyarrow as pa
 
-from grpo_api.rollout_history import RolloutHistory, export_table
+from grpo_api.images import IMAGE_NAME, image_name
+from grpo_trainer.rollout_history import RolloutHistory, export_table
+from grpo_trainer.state import FILE as STATE_FILE
+from grpo_trainer.state import TrainerState
 
 # (title, metrics.jsonl names) of the overview's charts, under verl's names (grpo_trainer.metrics).
+# The mean reward has a chart of its own: on one axis with the max and min (often 1 and 0) its
+# movement, the one that matters, was a flat line.
 PANELS = [
-    ("Reward", ["critic/score/mean", "critic/score/max", "critic/score/min"]),
+    ("Reward", ["critic/score/mean"]),
+    ("Reward range", ["critic/score/max", "critic/score/min"]),
     ("Validation", ["val/score"]),
     ("KL", ["actor/kl_loss", "actor/ppo_kl", "actor/reward_kl_penalty"]),
     ("Entropy", ["actor/entropy"]),
@@ -64,7 +70,7 @@ class Sample:
     data_source: str
     text: str
     response_ids: list[int]
-    logprobs: list[float | None]      # behaviour log-probs; None on a tool's tokens
+    logprobs: list[float | None] | None   # behaviour log-probs, None on a tool's tokens; None: not recorded
     tokens: list[tuple[str, float | None]] | None = None    # (text, log-prob) per token, once shown
 
 
@@ -77,6 +83,7 @@ class Group:
     ground_truth: str
     data_source: str
     samples: list[Sample] = field(default_factory=list)
+    images: list[str] = field(default_factory=list)    # the prompt's stored images' names (RunLayout.image)
 
     @property
     def reward_mean(self) -> float:
@@ -85,10 +92,20 @@ class Group:
 
 class RunView:
     def __init__(self, history: RolloutHistory, tokenizer, job: dict | None):
+        """tokenizer: anything with batch_decode (a tokenizer, or grpo_trainer.ui.text's)."""
         self.history, self.tokenizer = history, tokenizer
-        self.algorithm = _algorithm(job)
+        self._job, self._algorithm = job, _algorithm(job)
         self._cache: OrderedDict[int, list[Group]] = OrderedDict()     # the last steps read
         self._lock = Lock()
+
+    @property
+    def algorithm(self) -> tuple[str, bool, float]:
+        """(advEstimator, normAdvByStd, gamma) of the run's job. A job's run records its job in
+        its first checkpoint: until then it is looked for again on each use (the spec's defaults)."""
+        if self._job is None:
+            self._job = run_job(self.history)
+            self._algorithm = _algorithm(self._job)
+        return self._algorithm
 
     # --- the overview ------------------------------------------------------------------------
 
@@ -119,13 +136,18 @@ class RunView:
         """The steps with rollouts (the folder listing), newest first, with their logged reward."""
         trained, retention = self.history.trained_step(), self.history.retention()
         rows = []
-        for step in reversed(self.history.steps()):
+        for step in reversed(self.rollout_steps()):
             if retention is not None and step in retention:
                 continue
             m = metrics.get(step, {})
             rows.append({"step": step, "trained": step <= trained, "reward": _finite(m.get("critic/score/mean")),
                          "length": _finite(m.get("response_length/mean"))})
         return rows
+
+    def rollout_steps(self) -> list[int]:
+        """The steps with a rollouts folder, from step 1: step-0 holds only the validation before
+        training (trainer.valBeforeTrain), no step's rollouts."""
+        return [s for s in self.history.steps() if s >= 1]
 
     def deleted_note(self) -> str:
         retention = self.history.retention()
@@ -139,12 +161,17 @@ class RunView:
             if step in self._cache:
                 self._cache.move_to_end(step)
                 return self._cache[step]
+        if step < 1:
+            raise LookupError(f"step {step}: training starts at step 1 (step 0's rollouts are the validation "
+                              "before training)")
         retention = self.history.retention()
         if retention is not None and step in retention:
             raise LookupError(retention.describe(step, step))
         if step > self.history.trained_step():
             raise LookupError(f"step {step}: not trained yet")
         groups = self._groups(self._table(step), step)
+        if not getattr(self.tokenizer, "final", True):      # token ids until the run's model is known
+            return groups
         with self._lock:
             self._cache[step] = groups
             while len(self._cache) > 8:
@@ -177,6 +204,17 @@ class RunView:
         return pa.concat_tables(export_table(self.history.storage.read_table(uri), step, shard)
                                 for shard, uri in shards.items())
 
+    def image(self, name: str) -> bytes:
+        """A prompt image the records name, by its name (the SHA-256 hex of its bytes): read only
+        from the run's images/ (LookupError: not such a name, or none stored under it)."""
+        if not IMAGE_NAME.fullmatch(name):
+            raise LookupError(f"image {name!r}: not an image name (the SHA-256 hex of its bytes, 64 characters)")
+        uri = self.history.layout.image(name)
+        try:
+            return self.history.storage.read_bytes(uri)
+        except FileNotFoundError:
+            raise LookupError(f"{uri}: no such image in the run") from None
+
     def tokenize(self, groups: list[Group]) -> None:
         """Each shown sample's response as (text, log-prob) per token (only the shown page's: a
         step can hold millions of tokens). A token's text is what it adds to the decoded text
@@ -190,7 +228,7 @@ class RunView:
                     full = self.tokenizer.batch_decode(windows)
                     before = self.tokenizer.batch_decode([w[:-1] for w in windows])
                     s.tokens = [(f[len(b):] if f.startswith(b) else f, lp)
-                                for f, b, lp in zip(full, before, s.logprobs)]
+                                for f, b, lp in zip(full, before, s.logprobs or [None] * len(ids))]
 
     def _groups(self, table: pa.Table, step: int, only: str | None = None) -> list[Group]:
         """The step's groups (`only`: of that prompt key), advantages over the whole step."""
@@ -207,10 +245,13 @@ class RunView:
             g = groups.get(r["uid"])
             if g is None:
                 g = groups[r["uid"]] = Group(step, r["uid"], r["uid"].split("-", 1)[-1], prompts[i],
-                                             r["ground_truth"] or "", r["data_source"] or "")
+                                             r["ground_truth"] or "", r["data_source"] or "",
+                                             images=[n for n in map(image_name, r["images"] or []) if n])
             order[r["uid"]] = min(order.get(r["uid"], r["prompt_index"]), r["prompt_index"])
             mask = r["response_mask"] or [1] * len(r["response_ids"])
-            logprobs = [lp if m else None for lp, m in zip(r["response_logprobs"], mask)]
+            # null: the engine was asked for none (on-policy, without rollout.calculateLogProbs)
+            logprobs = None if r["response_logprobs"] is None else \
+                [lp if m else None for lp, m in zip(r["response_logprobs"], mask)]
             g.samples.append(Sample(r["sample_index"], float(r["reward"]), advantages[i], r["response_length"],
                                     r["finish_reason"] or "", r["policy_version"], r["worker"] or "",
                                     r["data_source"] or "", texts[i], r["response_ids"], logprobs))
@@ -263,13 +304,13 @@ def run_job(history: RolloutHistory) -> dict | None:
     from grpo_api.storage import StorageError
     storage, layout = history.storage, history.layout
     try:
-        return yaml.safe_load(storage.read_bytes(f"{layout.root}/job.yaml"))
+        return yaml.safe_load(storage.read_bytes(layout.job_file))
     except (FileNotFoundError, StorageError):
         pass
     names = [u for u in storage.list(layout.checkpoints) if u.rsplit("/", 1)[-1].removeprefix("step-").isdigit()]
     for uri in sorted(names, key=lambda u: int(u.rsplit("-", 1)[-1]), reverse=True):
         try:
-            return json.loads(storage.read_bytes(f"{uri}/trainer_state.json")).get("job")
+            return TrainerState.from_json(storage.read_bytes(f"{uri}/{STATE_FILE}")).trainer.job
         except FileNotFoundError:
             continue
     return None

@@ -21,7 +21,7 @@ def rollout_shard(rows: int = 3) -> pa.Table:
         "reward": [1.0, 0.0, 0.5][:rows], "reward_extra": ["{}"] * rows, "finish_reason": ["stop"] * rows,
         "policy_version": [3] * rows, "data_source": ["openai/gsm8k"] * rows, "ground_truth": ["72"] * rows,
         "worker": ["w0"] * rows, "response_mask": [None] * rows, "num_turns": [None] * rows,   # single-turn
-        "agent": [None] * rows}, schema=ROLLOUT_SCHEMA)
+        "agent": [None] * rows, "reward_error": [None] * rows, "images": [None] * rows}, schema=ROLLOUT_SCHEMA)
 
 
 def exercise(storage: Storage, root: str) -> None:

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from grpo_api import signing
+from grpo_api.records import RunLayout
 from grpo_api.spec import StorageSpec
 from grpo_api.storage import Storage
 
@@ -74,8 +75,7 @@ class CompileCache:
         if not spec.compile_cache:
             return None
         root = Path(os.environ.get(ROOT_ENV) or Path(tempfile.gettempdir(), f"grpo-compile-cache-{os.getuid()}"))
-        cache = cls(storage, f"{run_root.rstrip('/')}/compile-cache/{archive_name(component, **facts)}",
-                    root / component, key)
+        cache = cls(storage, RunLayout(run_root).compile_cache(archive_name(component, **facts)), root / component, key)
         cache.point_compilers()
         return cache
 

@@ -23,12 +23,13 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from grpo_api.records import ROLLOUT_OPTIONAL, ROLLOUT_SCHEMA, RunLayout
+from grpo_api.run_argument import RunNotFound, run_uri
+from grpo_api.spec import Progress
 from grpo_api.storage import Storage
 
 # train-shard-000-attempt-2.parquet; dynamic sampling's extra rounds are train-r0-shard-...;
@@ -135,18 +136,6 @@ def spec_digest(spec: dict) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 
-class RunNotFound(ValueError):
-    """RUN names no run (nothing of a run's files under it)."""
-
-
-def run_uri(run: str) -> str:
-    """A run URI (file://, s3://, as status.runUri shows it) or a local folder, as a URI."""
-    run = run.strip().rstrip("/")
-    if not run:
-        raise RunNotFound("RUN is empty")
-    return run if "://" in run else f"file://{Path(run).absolute()}"
-
-
 @dataclass
 class Filters:
     """Inclusive bounds; None: no bound."""
@@ -199,21 +188,21 @@ class RolloutHistory:
     def __init__(self, run: str, storage: Storage):
         self.layout, self.storage = RunLayout(run_uri(run)), storage
         root = self.layout.root
-        if not storage.exists(self.layout.progress) and not storage.exists(f"{root}/rollouts"):
+        if not storage.exists(self.layout.progress) and not storage.exists(self.layout.rollouts):
             raise RunNotFound(f"{root}: not a run (neither progress.json nor rollouts/ under it)")
 
     def trained_step(self) -> int:
         """The last step the trainer trained (0: none yet)."""
         try:
-            progress = json.loads(self.storage.read_bytes(self.layout.progress))
+            progress = Progress.from_json(self.storage.read_bytes(self.layout.progress))
         except FileNotFoundError:
             return 0
-        return int(progress.get("step") or 0)
+        return progress.step if progress else 0
 
     def steps(self) -> list[int]:
         """Steps with a rollouts folder, in order."""
         steps = []
-        for uri in self.storage.list(f"{self.layout.root}/rollouts"):
+        for uri in self.storage.list(self.layout.rollouts):
             m = _STEP_DIR.match(uri.rsplit("/", 1)[-1])
             if m:
                 steps.append(int(m.group(1)))

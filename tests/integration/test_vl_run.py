@@ -1,0 +1,142 @@
+"""Vision-language GRPO end to end on CPU (issue 45): `grpo run` with the hf engine trains the tiny
+random Qwen2.5-VL (grpo_rollout.tiny_vl) on the colours task, whose prompt text is the same on
+every row: only the image says which colour is right.
+
+- it learns, against an lr=0 control, and what it learns needs the image: a policy that doesn't
+  read it gives every row the same answer distribution, so its accuracies per colour sum to at
+  most 1;
+- the images travel by reference: stored once in the run (images/<sha256>), named by every prompt
+  and rollout record;
+- and on to the records' readers: `grpo rollouts export` inlines each sample's image (verl's
+  {bytes, path}) and the step page shows each group's, served from the run;
+- the weight sync reaches the engine's vision tower under its own names (an unknown name fails
+  the update), and the export is a VL model folder with its image processor.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import statistics
+
+import pytest
+import yaml
+
+from integration_helpers import read_metrics, read_step_tables, run_grpo, run_root
+
+pytestmark = pytest.mark.integration
+
+LEARN_STEPS = 12           # measured: the mean reward 0.08 -> 0.53, the colours' accuracies summing to 2.03
+CONTROL_STEPS = 4
+
+
+def _job(tmp, name, model, train, *, lr, steps):
+    spec = {
+        "model": {"path": str(model), "dtype": "float32", "gradientCheckpointing": False},
+        "data": {"trainFiles": [str(train)], "imageKey": "images", "trainBatchSize": 32, "maxPromptLength": 32,
+                 "maxResponseLength": 2},
+        "algorithm": {"advEstimator": "grpo", "useKLLoss": False},
+        "rollout": {"engine": "hf", "n": 8, "replicas": 1, "temperature": 1.0},
+        "trainer": {"projectName": "vl", "experimentName": name, "device": "cpu", "nprocPerNode": 1,
+                    "miniBatchSize": 32, "microBatchSizePerGPU": 256, "lr": lr, "totalSteps": steps,
+                    "saveFreq": steps, "loggers": ["jsonl"]},
+        "storage": {"uri": f"file://{tmp}/store"},
+        "weightSync": {"backend": "grpc"},
+    }
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob",
+                                    "metadata": {"name": name}, "spec": spec}, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from grpo_rollout.tiny_vl import build_tiny_vl_model, write_colour_dataset
+    tmp = tmp_path_factory.mktemp("vl")
+    model = build_tiny_vl_model(tmp / "model")
+    train, _ = write_colour_dataset(tmp / "data")
+    roots = {}
+    for name, lr, steps in (("learn", 1e-2, LEARN_STEPS), ("control", 0.0, CONTROL_STEPS)):
+        code, log = run_grpo(_job(tmp, name, model, train, lr=lr, steps=steps), tmp / name, tmp / "cache", [],
+                             timeout=1200)
+        assert code == 0, log[-6000:]
+        roots[name] = run_root(tmp / "store", name)
+    return roots
+
+
+def _accuracy_by_colour(root, step) -> dict[str, float]:
+    table = read_step_tables(root, "rollouts", step)
+    by = collections.defaultdict(list)
+    for colour, reward in zip(table.column("ground_truth").to_pylist(), table.column("reward").to_pylist()):
+        by[colour].append(reward)
+    return {c: statistics.mean(r) for c, r in by.items()}
+
+
+def test_the_vl_model_learns_a_task_that_needs_its_images(runs):
+    learned = [m["critic/score/mean"] for m in read_metrics(runs["learn"])]
+    frozen = [m["critic/score/mean"] for m in read_metrics(runs["control"])]
+    late, control = statistics.mean(learned[-3:]), statistics.mean(frozen)
+    detail = f"learning run {learned[0]:.3f} -> {late:.3f}; control (lr=0) {control:.3f}"
+    assert late > 0.35 and late > control + 0.2, detail
+    # Blind to the image, a policy's accuracies per colour sum to at most 1 (it answers every row alike).
+    by_colour = _accuracy_by_colour(runs["learn"], LEARN_STEPS)
+    assert sum(by_colour.values()) > 1.3, (by_colour, detail)
+    assert sum(_accuracy_by_colour(runs["control"], CONTROL_STEPS).values()) < 1.0
+
+
+def test_images_are_stored_once_and_named_by_the_records(runs):
+    root = runs["learn"]
+    stored = {p.name: p.read_bytes() for p in (root / "images").iterdir()}
+    assert len(stored) == 4                                   # the four colours' PNGs, whatever the rows
+    assert all(hashlib.sha256(data).hexdigest() == name for name, data in stored.items())
+    for kind in ("prompts", "rollouts"):
+        table = read_step_tables(root, kind, 1)
+        for images in table.column("images").to_pylist():
+            assert len(images) == 1 and images[0] == f"file://{root}/images/{images[0].rsplit('/', 1)[1]}"
+            assert images[0].rsplit("/", 1)[1] in stored
+
+
+def test_the_export_is_a_vl_model_with_its_image_processor(runs):
+    import torch
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+    export = runs["learn"] / "hf" / f"step-{LEARN_STEPS}"
+    AutoImageProcessor.from_pretrained(export)
+    trained = AutoModelForImageTextToText.from_pretrained(export).state_dict()
+    initial = AutoModelForImageTextToText.from_pretrained(runs["learn"].parent.parent.parent / "model").state_dict()
+    visual = [n for n in trained if ".visual." in n]
+    assert visual and any(not torch.equal(trained[n], initial[n]) for n in visual)   # the vision tower trained too
+
+
+def test_each_prompts_image_reaches_the_rollouts_export_and_the_run_page(runs, tmp_path):
+    """Issue 45 item 4, on the run's own records (no launch of its own): `grpo rollouts export`
+    inlines every sample's prompt image in verl's {bytes, path}, the very PNG of its colour; the
+    step page shows each group's image, which the image route serves from the run."""
+    import re
+
+    import pyarrow.parquet as pq
+    from starlette.testclient import TestClient
+
+    from grpo_api.images import check_local_images
+    from grpo_api.storage import Storage
+    from grpo_rollout.tiny_vl import colour_png
+    from grpo_trainer.rollout_history import RolloutHistory
+    from grpo_trainer.rollouts_export import rollouts
+    from grpo_trainer.ui.app import build_app
+    from grpo_trainer.ui.run_view import RunView
+    from grpo_trainer.ui.text import IdsText
+
+    root, out = runs["learn"], tmp_path / "rollouts.parquet"
+    assert rollouts(["export", str(root), "-o", str(out), "--no-text", "--steps", "1:2"]) == 0
+    rows = pq.read_table(out, columns=["ground_truth", "images"]).to_pylist()
+    assert len(rows) == 2 * 32 * 8
+    assert all([i["bytes"] for i in r["images"]] == [colour_png(r["ground_truth"])] for r in rows)
+    check_local_images(out, "images")         # a data.imageKey dataset as it is
+
+    client = TestClient(build_app(RunView(RolloutHistory(f"file://{root}", Storage()), IdsText(), None)))
+    cards = re.findall(r'ground truth <code>(\w+)</code>.*?<img src="/image/([0-9a-f]{64})"',
+                       client.get("/step/1").text, re.S)
+    assert len(cards) == 20                   # a page of groups, each with its image
+    for colour, name in cards:
+        assert name == hashlib.sha256(colour_png(colour)).hexdigest()
+        served = client.get(f"/image/{name}")
+        assert served.headers["content-type"] == "image/png" and served.content == colour_png(colour)

@@ -1,0 +1,70 @@
+"""Sleep mode of colocated rollout servers (rollout.placement colocated, issue 46; verl's hybrid
+engine): trainer rank 0 asks every server to free the GPU memory it shares with the trainer once
+the step's rollouts are in, and to take it back before the new weights go out (a server that
+dropped its weights, vLLM's level 2, is at an unknown version until that sync: the publisher's
+re-sync treats it as one that missed updates). Each transition is timed, as timing_s/sleep and
+timing_s/wake.
+
+Only with rollout.maxStaleness 0: with 1, the next step's rollouts are generated while this step
+trains, so the engines never idle through an update.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import torch
+import torch.distributed as dist
+
+from grpo_api.proto import rollout_pb2 as pb
+from grpo_api.spec import GRPOJobSpec
+
+log = logging.getLogger("grpo.trainer")
+
+SLEEP_LEVEL = 2
+"""vLLM's level 2: the weights go too, since the trainer sends new ones after every update anyway."""
+TIMEOUT_SECONDS = 300.0
+
+
+class EngineSleep:
+    def __init__(self, spec: GRPOJobSpec, servers, *, rank: int):
+        """`servers`: rank 0's RolloutServers (None on the other ranks, which only time nothing)."""
+        self.enabled = spec.colocated and spec.rollout.max_staleness == 0
+        self.servers = servers if rank == 0 else None
+
+    def sleep(self) -> dict[str, float]:
+        return self._all("sleep", lambda stub: stub.Sleep(pb.SleepRequest(level=SLEEP_LEVEL), timeout=TIMEOUT_SECONDS))
+
+    def wake(self, parts: tuple[str, ...] = ()) -> dict[str, float]:
+        """Collective: every rank first hands what the update left in torch's caching allocator
+        back to its GPU, where a server takes it back (else vLLM's wake-up could run out of
+        memory that the trainer holds but doesn't use). `parts`: vLLM's memory tags to take back
+        ("weights" before a weight sync; the KV cache then wakes with the next Generate, once
+        trainer.paramOffload moved the policy off the GPU); none: all."""
+        if self.enabled:
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.empty_cache()
+            if dist.is_initialized() and dist.get_world_size() > 1:
+                dist.barrier()
+        return self._all("wake", lambda stub: stub.WakeUp(pb.WakeUpRequest(parts=parts), timeout=TIMEOUT_SECONDS))
+
+    def _all(self, what: str, call) -> dict[str, float]:
+        """`call` on every server at once; the step's wall time of the transition. A server that
+        fails to answer is logged, not fatal: a Generate or a weight sync wakes it anyway, and one
+        that is gone is the pod's failure (grpo_trainer.colocate)."""
+        if not self.enabled:
+            return {}
+        started = time.perf_counter()
+        if self.servers is not None:
+            addresses = self.servers.addresses()
+            with ThreadPoolExecutor(max_workers=max(len(addresses), 1)) as pool:
+                futures = {a: pool.submit(call, self.servers.clients(a)) for a in addresses}
+            for address, future in futures.items():
+                try:
+                    future.result()
+                except grpc.RpcError as exc:
+                    log.warning("rollout server %s did not %s: %s", address, what, exc.details() or exc.code())
+        return {f"timing_s/{what}": time.perf_counter() - started}

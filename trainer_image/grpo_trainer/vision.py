@@ -1,0 +1,154 @@
+"""Vision-language policies (issue 45): what a Qwen2.5-VL or Qwen3-VL forward needs beyond the token ids.
+
+A VL model's prompt holds one image token per merged patch of each image (the image processor's
+`image_grid_thw`, t x h x w patches, merged `spatial_merge_size`^2 to a token); its forward takes
+the images' `pixel_values` and grids, and Qwen's multimodal rotary positions (mrope: a temporal,
+height and width position per token, [3, b, L], from the model's own `get_rope_index`, which
+Qwen2.5-VL and Qwen3-VL each define; Qwen3-VL also adds vision features to its first decoder
+layers (DeepStack), inside its forward). transformers computes the positions itself
+when none are given, but it caches the last batch's offsets on the model (`rope_deltas`) for
+generation; the trainer computes them for every micro-batch from its own ids and mask
+(`position_ids`), so nothing carries over between forwards.
+
+Packing (model.useRemovePadding) does not apply yet: packed rows would need the mrope positions
+of every sample laid end to end with the text positions first; VL micro-batches stay padded
+(Actor says so once). The fused LM head applies unchanged (the same `lm_head` linear layer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from grpo_api.images import open_image
+
+
+def is_vision_language(config) -> bool:
+    """A config with a vision tower (Qwen2.5-VL, Qwen2-VL, Qwen3-VL ...)."""
+    return getattr(config, "vision_config", None) is not None
+
+
+def auto_model_class(config):
+    """The transformers Auto class that loads this config's generating model."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    return AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+
+
+def load_image_processor(spec):
+    """The image processor of spec.model (its tokenizerPath's folder, else its path)."""
+    from transformers import AutoImageProcessor
+    path = spec.tokenizer_path or spec.path
+    try:
+        return AutoImageProcessor.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
+    except OSError as exc:
+        raise FileNotFoundError(f"spec.model.path: a vision-language model needs its image processor "
+                                f"(preprocessor_config.json) in {path!r}: {exc}") from None
+
+
+def _core(model):
+    if hasattr(model, "get_base_model"):     # a PEFT (LoRA) wrapper
+        model = model.get_base_model()
+    return model.model                        # Qwen2_5_VLModel, Qwen3VLModel: .visual, .language_model
+
+
+def decoder_layers(model) -> list[torch.nn.Module] | None:
+    """The language model's decoder layers and the vision tower's blocks (FSDP2 shards each), or
+    None for a model that is not VL."""
+    if not is_vision_language(model.config):
+        return None
+    core = _core(model)
+    return [*core.language_model.layers, *core.visual.blocks]
+
+
+def freeze_vision_tower(model) -> int:
+    """requires_grad off for the vision tower (verl: actor.freeze_vision_tower); its parameter count."""
+    visual = _core(model).visual
+    visual.requires_grad_(False)
+    return sum(p.numel() for p in visual.parameters())
+
+
+@dataclass
+class PixelInputs:
+    """The images of a micro-batch's rows, in row order: what the vision tower reads."""
+    pixel_values: torch.Tensor      # [patches, channels x temporal x patch x patch]
+    image_grid_thw: torch.Tensor    # [images, 3]
+
+    def to(self, device: torch.device) -> "PixelInputs":
+        return PixelInputs(self.pixel_values.to(device), self.image_grid_thw.to(device))
+
+
+def pixel_inputs(image_processor, images: list[bytes]) -> PixelInputs | None:
+    """The processor's pixel values and grids of encoded `images` (None for none)."""
+    if not images:
+        return None
+    out = image_processor(images=[open_image(b) for b in images], return_tensors="pt")
+    return PixelInputs(out["pixel_values"], out["image_grid_thw"])
+
+
+def mrope_position_ids(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       image_grid_thw: torch.Tensor | None) -> torch.Tensor:
+    """[3, b, L] mrope positions of padded rows (padding reads 0), as the model's get_rope_index."""
+    core = _core(model)
+    token_types = (input_ids == model.config.image_token_id).int()
+    positions, _ = core.get_rope_index(input_ids, mm_token_type_ids=token_types, image_grid_thw=image_grid_thw,
+                                       attention_mask=attention_mask)
+    return positions
+
+
+def forward_kwargs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   pixels: PixelInputs | None) -> dict:
+    """What a VL forward takes beside the ids and mask: the images and the mrope positions. Empty
+    for a model that is not VL."""
+    if not is_vision_language(model.config):
+        return {}
+    grid = None if pixels is None else pixels.image_grid_thw
+    expected = 0 if grid is None else int((grid.prod(-1) // model.config.vision_config.spatial_merge_size ** 2).sum())
+    found = int((input_ids == model.config.image_token_id).sum())
+    if found != expected:     # e.g. samples read without their images: the model would see placeholders
+        raise ValueError(f"a micro-batch's prompts hold {found} image tokens, its images make {expected}")
+    kwargs = {"position_ids": mrope_position_ids(model, input_ids, attention_mask, grid)}
+    if pixels is not None:
+        kwargs |= {"pixel_values": pixels.pixel_values, "image_grid_thw": grid}
+    return kwargs
+
+
+def image_parts(messages: list[dict], n_images: int) -> list[dict]:
+    """verl's `<image>` placeholders made chat-template parts: a message whose content holds
+    them becomes [{type: image}, {type: text, text}...] in order (verl's RLHFDataset). Every
+    image needs its placeholder, and every placeholder an image."""
+    out, seen = [], 0
+    for message in messages:
+        content = message.get("content")
+        if not isinstance(content, str) or "<image>" not in content:
+            out.append(message)
+            continue
+        parts = []
+        for i, text in enumerate(content.split("<image>")):
+            if i:
+                parts.append({"type": "image"})
+                seen += 1
+            if text:
+                parts.append({"type": "text", "text": text})
+        out.append({**message, "content": parts})
+    if seen != n_images:
+        raise ValueError(f"{seen} <image> placeholder(s) in the prompt for {n_images} image(s)")
+    return out
+
+
+def expand_image_tokens(ids: list[int], image_token_id: int, grids: torch.Tensor, merge_size: int) -> list[int]:
+    """Each image's one placeholder token repeated to the image's token count (t x h x w patches
+    / merge_size^2), as the model's processor does on the rendered text."""
+    counts = (grids.prod(-1) // merge_size ** 2).tolist()
+    out, k = [], 0
+    for token in ids:
+        if token == image_token_id:
+            if k >= len(counts):
+                raise ValueError(f"the chat template rendered more image tokens than the {len(counts)} image(s)")
+            out.extend([token] * counts[k])
+            k += 1
+        else:
+            out.append(token)
+    if k != len(counts):
+        raise ValueError(f"the chat template rendered {k} image token(s) for {len(counts)} image(s)")
+    return out
