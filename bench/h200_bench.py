@@ -762,6 +762,9 @@ def cmd_trl(args) -> None:
 
 
 def main(argv=None) -> int:
+    if os.environ.get("BENCH_DUMP_S"):     # where a phase that times out spends its time
+        import faulthandler
+        faulthandler.dump_traceback_later(int(os.environ["BENCH_DUMP_S"]), repeat=True)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=["build", "matmul", "train", "gen", "sync", "storage", "step", "trl"])
     p.add_argument("--tiny", action="store_true", help="tiny sizes, runs on CPU in seconds")

@@ -108,6 +108,11 @@ for phase in $PHASES; do
     judge-vllm)   SCRIPT=bench/reward_model_bench.py run judge-vllm 240 90 --judge $extra ;;
     # Issue 33: vLLM's own LoRA against merged weights (bench/vllm_lora_check.py; needs build).
     vllm-lora)    SCRIPT=bench/vllm_lora_check.py run vllm-lora 240 120 $extra ;;
+    # Issue 45 items 3 and 8: vLLM with images on a Qwen2.5-VL-3B-shaped model (needs no build).
+    vl-vllm)      SCRIPT=bench/vl_vllm_check.py run vl-vllm 420 200 $extra ;;
+    vl-step)      RUN_W=$W-vl SCRIPT=bench/vl_vllm_check.py run vl-write-job 120 60 --write-job
+                  RUN_W=$W-vl run vl-step 480 200 step --engine vllm --steps 2 --warmup 1 \
+                    --gpu-memory-utilization 0.3 --label vl-3b $extra ;;
     # Issue 34 item 4: generation inside `grpo rollout` against the same engine called directly.
     server-gen)   SCRIPT=bench/server_gen_profile.py run server-gen 420 200 $extra ;;
     # Issue 34 item 5 (storage.compileCache): the trainer's first steps (hf engine: no vLLM carry)

@@ -110,7 +110,7 @@ class Engine(ABC):
 
     accepts_images: bool = False
     """`generate` takes `images=` (a vision-language model's, per prompt, as encoded bytes): the hf
-    engine with a VL model (issue 45)."""
+    and vLLM engines with a VL model (issue 45)."""
 
     accepts_lora_adapters: bool = False
     """It applies LoRA adapters itself (`load_lora_adapters`), so a LoRA policy's trainer sends

@@ -29,6 +29,13 @@ one, and bench/vllm_check.py is what ran it on an H200).
   512 in 6.1-7.1 s against 5.45 s without LoRA and starts in 168 s against ~90: `grpo rollout`
   keeps taking LoRA policies as merged weights into an engine without LoRA.
 
+- Images (a vision-language model, issue 45): a prompt's ids hold each image's placeholder run
+  widened to the image's token count (what the trainer's processor made); vLLM widens a single
+  `<|image_pad|>` itself from the image it is given (`multi_modal_data`), as verl's
+  raw_prompt_ids give it, so each run is narrowed back to one token (`narrow_image_runs`). The
+  image and video placeholders are never sampled (`logit_bias` -100: the trainer counts every
+  placeholder of a row against its images).
+
 vLLM is imported only when this engine is built. The conversions are pure functions, tested
 without vLLM or a GPU (tests/rollout/test_vllm_adapter.py).
 """
@@ -36,6 +43,7 @@ without vLLM or a GPU (tests/rollout/test_vllm_adapter.py).
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -109,6 +117,11 @@ def sampling_kwargs(params: SamplingParams, tokenizer: Any = None) -> dict[str, 
         skip_special_tokens=True,
         detokenize=bool(stops),  # text is decoded for the rewards anyway; stop strings need it here
     )
+
+
+def narrow_image_runs(prompt_ids: list[int], image_token_id: int) -> list[int]:
+    """Each run of `image_token_id` as one token: vLLM's processor widens one placeholder per image."""
+    return [t for i, t in enumerate(prompt_ids) if t != image_token_id or i == 0 or prompt_ids[i - 1] != image_token_id]
 
 
 def _token_logprob(position: Any, token_id: int) -> float:
@@ -306,6 +319,13 @@ class VLLMEngine(Engine):
         self._lora_root = Path(tempfile.mkdtemp(prefix="grpo-lora-", dir=shm if shm.is_dir() else None)) \
             if max_lora_rank is not None else None
         self._tokenizer = self.tokenizer = self._llm.get_tokenizer()   # the agent loop renders tool turns with it
+        # A vision-language model takes the prompts' images (module docstring).
+        from transformers import AutoConfig
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        self._image_token = getattr(config, "image_token_id", None) if getattr(config, "vision_config", None) else None
+        self.accepts_images = self._image_token is not None
+        self._unsampled = {t: -100.0 for t in (self._image_token, getattr(config, "video_token_id", None))
+                           if self.accepts_images and t is not None}
         self._device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
     @property
@@ -331,12 +351,21 @@ class VLLMEngine(Engine):
     def decode(self, token_ids: list[int]) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=True)
 
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[Sample]]:
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams,
+                 images: list[list[bytes]] | None = None) -> list[list[Sample]]:
+        """`images`: a VL model's, per prompt, as encoded bytes, one for each image-token run of its ids."""
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
+        if images is not None and not self.accepts_images:
+            raise ValueError(f"{self._model_path} is not a vision-language model: it takes no images")
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
-        sampling = VSamplingParams(**sampling_kwargs(params, self._tokenizer))
+        if images is not None:
+            from PIL import Image
+            prompts = [TokensPrompt(prompt_token_ids=narrow_image_runs(ids, self._image_token),
+                                    multi_modal_data={"image": [Image.open(io.BytesIO(b)).convert("RGB") for b in row]})
+                       if row else prompt for ids, row, prompt in zip(prompt_ids, images, prompts)]
+        sampling = VSamplingParams(**sampling_kwargs(params, self._tokenizer), logit_bias=self._unsampled or None)
         outputs = self._llm.generate(prompts, sampling, use_tqdm=False, lora_request=self._lora)
         return [samples_from_output(o, params.logprobs) for o in outputs]
 

@@ -171,8 +171,8 @@ class RolloutWorker:
         if not any(p.images for p in prompts):
             return None
         if not self.engine.accepts_images:
-            raise ValueError(f"the prompts have images, but the {self.engine.info().engine} engine does not take "
-                             f"images yet (issue 45: only the hf engine does; vLLM's multimodal inputs are not built)")
+            raise ValueError(f"the prompts have images, but {self.engine.info().model} is not a vision-language "
+                             f"model (its config has no vision_config)")
         if self.agent_loop is not None:
             raise ValueError("prompts with images in an agent loop (rollout.multiTurn, rollout.agentLoop) are not "
                              "supported yet (issue 45)")

@@ -11,8 +11,8 @@ import torch
 
 from grpo_rollout import cuda_ipc
 from grpo_rollout.engine import SamplingParams
-from grpo_rollout.vllm_engine import (EXTENSION, llm_kwargs, lora_base_names, pack_on_device, pack_tensors,
-                                      sampling_kwargs, samples_from_output, unpack_tensors)
+from grpo_rollout.vllm_engine import (EXTENSION, llm_kwargs, lora_base_names, narrow_image_runs, pack_on_device,
+                                      pack_tensors, sampling_kwargs, samples_from_output, unpack_tensors)
 
 
 def completion(index, token_ids, logprobs, finish_reason):
@@ -205,3 +205,17 @@ def test_merged_weights_reach_the_base_layers_of_a_lora_enabled_vllm_model():
     assert {_as_vllm_loads(renamed.get(n, n)) for n in hf} == set(params)
     # without LoRA, nothing changes
     assert lora_base_names(hf, _vllm_params(2, lora=False), _PACKED) == {}
+
+
+def test_image_runs_are_narrowed_to_the_one_placeholder_per_image_that_vllm_widens():
+    """vLLM widens one image placeholder per image itself; a prompt's ids hold the runs the
+    trainer widened (grpo_trainer.vision.expand_image_tokens), so narrowing must invert that."""
+    from grpo_trainer.vision import expand_image_tokens
+    pad, start, end = 9, 7, 8
+    rendered = [1, start, pad, end, 2, 3, start, pad, end, 4]            # two images, as the chat template renders
+    grids = torch.tensor([[1, 4, 4], [1, 2, 6]])                         # 16 / 4 = 4 and 12 / 4 = 3 tokens
+    widened = expand_image_tokens(rendered, pad, grids, merge_size=2)
+    assert widened == [1, start, pad, pad, pad, pad, end, 2, 3, start, pad, pad, pad, end, 4]
+    assert narrow_image_runs(widened, pad) == rendered
+    assert narrow_image_runs([pad, pad, 5], pad) == [pad, 5]
+    assert narrow_image_runs([5, 6], pad) == [5, 6]

@@ -24,7 +24,8 @@ from grpo_api.spec import CriticSpec, ModelSpec, TrainerSpec
 from grpo_api.storage import check_local_model_path
 from grpo_trainer.attention import attn_implementation
 from grpo_trainer.lm_head import install_fused_head
-from grpo_trainer.vision import auto_model_class, decoder_layers, freeze_vision_tower, is_vision_language
+from grpo_trainer.vision import (auto_model_class, decoder_layers, freeze_vision_tower, is_vision_language,
+                                 vision_blocks)
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -102,8 +103,16 @@ def apply_fsdp(model, *, compute_dtype: torch.dtype, on_gpu: bool, cpu_offload: 
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
         if cpu_offload:
             kwargs["offload_policy"] = CPUOffloadPolicy()
+    # A vision block's rotary cos/sin come in float32. FSDP2 casts a layer's inputs to the compute
+    # dtype in the forward but not in gradient checkpointing's recompute (its pre-forward hook
+    # returns early in backward): the two would differ (a CheckpointError on the H200). The blocks
+    # take their inputs as they come (hidden states already in the compute dtype), their rotary
+    # math in float32 as transformers' own.
+    vision = {id(b) for b in vision_blocks(model)}
+    as_given = {**kwargs, "mp_policy": MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32,
+                                                            cast_forward_inputs=False)} if on_gpu else kwargs
     for layer in _decoder_layers(model):
-        fully_shard(layer, **kwargs)
+        fully_shard(layer, **(as_given if id(layer) in vision else kwargs))
     fully_shard(model, **kwargs)
     return model
 

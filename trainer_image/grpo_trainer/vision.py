@@ -61,6 +61,13 @@ def decoder_layers(model) -> list[torch.nn.Module] | None:
     return [*core.language_model.layers, *core.visual.blocks]
 
 
+def vision_blocks(model) -> list[torch.nn.Module]:
+    """The vision tower's blocks; none for a model that is not VL."""
+    if not is_vision_language(getattr(model, "config", None)):
+        return []
+    return list(_core(model).visual.blocks)
+
+
 def freeze_vision_tower(model) -> int:
     """requires_grad off for the vision tower (verl: actor.freeze_vision_tower); its parameter count."""
     visual = _core(model).visual

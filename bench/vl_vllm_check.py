@@ -1,0 +1,213 @@
+"""Issue 45 items 3 and 8: vLLM's multimodal inputs (grpo_rollout.vllm_engine with images) on a
+Qwen2.5-VL-3B-shaped random model (36 layers x 2048, a 32-block vision tower, vocabulary 151936;
+tokenizer and processor from grpo_rollout.tiny_vl), on one GPU:
+
+1. correctness: prompts built as the trainer builds them (the chat template, each image's
+   placeholder widened by grpo_trainer.vision.expand_image_tokens) generate on vLLM with their
+   images; the same sequences' log-probs from the transformers model (the trainer's forward:
+   grpo_trainer.vision.forward_kwargs, mrope positions) must agree far better with the right
+   images than with the images shifted by one row. Run after the vision tower's weights were
+   changed in both (perturbed, then sent through `load_weights` under their Hugging Face names):
+   a vision weight that vLLM did not take would show as disagreement;
+2. cost: 64 prompts x 4 samples x 256 tokens with one 448 x 448 image each (256 image tokens)
+   against text-only prompts of the same length, and the GPU memory in use.
+
+    python bench/vl_vllm_check.py --workdir /tmp/grpo-bench --results OUT.jsonl [--tiny]
+
+With --write-job it only builds the model and a colours dataset of 448 x 448 images (verl's layout,
+grpo_rollout.tiny_vl's task) and writes the workdir's job.yaml, for bench/h200_bench.py's `step`
+(phase vl-step: the GRPO step of the VL model with vLLM, issue 45 item 8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import time
+from pathlib import Path
+
+SHAPE_3B = dict(
+    text=dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+              num_key_value_heads=2, max_position_embeddings=32768, vocab_size=151936, tie_word_embeddings=True,
+              rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]}),
+    vision=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
+                fullatt_block_indexes=[7, 15, 23, 31], window_size=112, patch_size=14, spatial_merge_size=2,
+                temporal_patch_size=2))
+IMAGE_PIXELS = 448
+
+
+def build_model(out: Path, tiny: bool):
+    """The shaped random Qwen2.5-VL in bf16 on the GPU, saved with the tiny tokenizer and a full
+    processor (vLLM loads AutoProcessor); returns the model (kept for the reference forward)."""
+    import torch
+    import transformers
+
+    from grpo_rollout import tiny_vl
+    tok, images = tiny_vl.build_processor()
+    images.size = {"shortest_edge": 56 * 56, "longest_edge": IMAGE_PIXELS * IMAGE_PIXELS}   # 448 x 448 kept whole
+    ids = tok.convert_tokens_to_ids
+    shape = {"text": {}, "vision": {}} if tiny else SHAPE_3B
+    specials = dict(pad_token_id=ids(tiny_vl.tiny.PAD), eos_token_id=ids(tiny_vl.tiny.IM_END), bos_token_id=None)
+    config = transformers.Qwen2_5_VLConfig(
+        text_config={**tiny_vl.DEFAULT_TEXT, "vocab_size": 151936, **shape["text"], **specials},
+        vision_config={**tiny_vl.DEFAULT_VISION, **shape["vision"]},
+        image_token_id=ids(tiny_vl.IMAGE_PAD), video_token_id=ids(tiny_vl.VIDEO_PAD),
+        vision_start_token_id=ids(tiny_vl.VISION_START), vision_end_token_id=ids(tiny_vl.VISION_END),
+        tie_word_embeddings=shape["text"].get("tie_word_embeddings", False), dtype="bfloat16", **specials)
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = transformers.Qwen2_5_VLForConditionalGeneration(config).to(torch.bfloat16).eval()
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    images.save_pretrained(out)
+    try:       # vLLM loads the whole processor, whose video half needs torchvision (the GPU image has it)
+        processor = transformers.AutoProcessor.from_pretrained(out)
+    except ImportError as exc:
+        return model, tok, images, f"none: {exc}"[:80]
+    processor.save_pretrained(out)
+    return model, tok, images, type(processor).__name__
+
+
+def noise_png(seed: int) -> bytes:
+    import numpy as np
+    from PIL import Image
+    pixels = np.random.default_rng(seed).integers(0, 256, (IMAGE_PIXELS, IMAGE_PIXELS, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def gpu_used_gb() -> float:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True).stdout.split()
+    return round(float(out[0]) / 1024, 2) if out else float("nan")
+
+
+def write_job(args) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import yaml
+
+    from grpo_rollout import tiny_vl
+    from h200_bench import job_dict, workload
+    out = Path(args.workdir)
+    started = time.monotonic()
+    build_model(out / "model", args.tiny)
+    colours = sorted(tiny_vl.COLOURS)
+    rows = [{"data_source": tiny_vl.DATA_SOURCE, "prompt": [{"role": "user", "content": tiny_vl.QUESTION}],
+             "images": [{"bytes": tiny_vl.colour_png(colours[i % 4], size=IMAGE_PIXELS), "path": None}],
+             "ability": "vision", "reward_model": {"style": "rule", "ground_truth": colours[i % 4]},
+             "extra_info": {"index": i}} for i in range(workload(args)["prompts"] * 4)]
+    pq.write_table(pa.Table.from_pylist(rows), out / "train.parquet")
+    job = job_dict(args, out / "model", out / "train.parquet", out / "run")
+    job["spec"]["data"].update(imageKey="images", maxPromptLength=512)
+    job["spec"]["trainer"]["maxTokensPerGPU"] = max(job["spec"]["trainer"]["maxTokensPerGPU"], 1024)
+    (out / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    print(json.dumps({"bench": "vl_vllm", "phase": "write-job", "seconds": round(time.monotonic() - started, 1)}))
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workdir", default="/tmp/grpo-bench")
+    ap.add_argument("--results", default=None)
+    ap.add_argument("--log-dir", default=None)
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--write-job", action="store_true")
+    args = ap.parse_args(argv)
+    if args.write_job:
+        return write_job(args)
+
+    import torch
+
+    from grpo_rollout import tiny_vl
+    from grpo_rollout.engine import SamplingParams
+    from grpo_rollout.vllm_engine import VLLMEngine
+    from grpo_trainer import vision
+
+    def emit(row):
+        row = {"bench": "vl_vllm", **row}
+        print(json.dumps(row), flush=True)
+        if args.results:
+            with open(args.results, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    out = Path(args.workdir) / "vl-model"
+    started = time.monotonic()
+    model, tok, image_processor, processor_class = build_model(out, args.tiny)
+    emit({"phase": "build", "seconds": round(time.monotonic() - started, 1), "processor": processor_class,
+          "parameters": sum(p.numel() for p in model.parameters())})
+
+    image_id, merge = model.config.image_token_id, model.config.vision_config.spatial_merge_size
+    pngs = [noise_png(i) for i in range(args.prompts)]
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "what colour is the image"}]}]
+    rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    rendered = rendered if isinstance(rendered, list) else list(rendered["input_ids"])
+    prompts = [vision.expand_image_tokens(rendered, image_id, vision.pixel_inputs(image_processor, [png]).image_grid_thw,
+                                          merge) for png in pngs]
+    word = tok.convert_tokens_to_ids("image")
+    text_only = [[word if t == image_id else t for t in p] for p in prompts]     # same length, no image
+
+    started = time.monotonic()
+    engine = VLLMEngine(str(out), dtype="bfloat16", seed=0, gpu_memory_utilization=0.5, max_model_len=2048)
+    emit({"phase": "engine-start", "seconds": round(time.monotonic() - started, 1),
+          "accepts_images": engine.accepts_images, "gpu_used_gb": gpu_used_gb()})
+
+    # 1. The vision tower changed in both models, then log-probs of vLLM's samples against the
+    # transformers forward with the right images and with the images shifted by one row.
+    with torch.no_grad():
+        changed = []
+        for name, p in model.named_parameters():
+            if ".visual." in f".{name}" and p.dim() >= 1:
+                p.mul_(1.5).add_(torch.randn_like(p) * 0.02)
+                changed.append((name, p.detach().to("cpu")))
+    started = time.monotonic()
+    engine.load_weights(changed)
+    emit({"phase": "load-vision-weights", "tensors": len(changed), "seconds": round(time.monotonic() - started, 2)})
+    k = 8
+    groups = engine.generate(prompts[:k], SamplingParams(n=1, max_tokens=16, temperature=1.0, logprobs=True),
+                             images=[[png] for png in pngs[:k]])
+
+    def reference(image_rows):
+        diffs = []
+        for prompt, group, row in zip(prompts[:k], groups, image_rows):
+            response = group[0].token_ids
+            ids = torch.tensor([prompt + response], device="cuda")
+            mask = torch.ones_like(ids)
+            pixels = vision.pixel_inputs(image_processor, row).to("cuda")
+            pixels.pixel_values = pixels.pixel_values.to(torch.bfloat16)
+            with torch.no_grad():
+                logits = model(input_ids=ids, attention_mask=mask,
+                               **vision.forward_kwargs(model, ids, mask, pixels)).logits.float()
+            logp = torch.log_softmax(logits[0, len(prompt) - 1:-1], -1).gather(-1, ids[0, len(prompt):, None])[:, 0]
+            diffs.append((logp.cpu() - torch.tensor(group[0].logprobs)).abs())
+        return float(torch.cat(diffs).mean())
+
+    right = reference([[png] for png in pngs[:k]])
+    shifted = reference([[pngs[(i + 1) % k]] for i in range(k)])
+    emit({"phase": "logprobs", "mean_abs_right_images": round(right, 4), "mean_abs_shifted_images": round(shifted, 4),
+          "agree": right < 0.5 * shifted})
+    del model
+    torch.cuda.empty_cache()
+
+    # 2. Cost: with images against text-only prompts of the same length.
+    params = SamplingParams(n=4, max_tokens=256, temperature=1.0, logprobs=False)
+    engine.generate(prompts[:4], params, images=[[png] for png in pngs[:4]])        # warm-up
+    for label, kwargs, batch in (("images", {"images": [[png] for png in pngs]}, prompts), ("text-only", {}, text_only)):
+        torch.cuda.synchronize()
+        started = time.monotonic()
+        groups = engine.generate(batch, params, **kwargs)
+        seconds = time.monotonic() - started
+        tokens = sum(len(s.token_ids) for g in groups for s in g)
+        emit({"phase": f"generate-{label}", "prompts": len(batch), "n": params.n, "prompt_tokens": len(batch[0]),
+              "image_tokens": sum(t == image_id for t in batch[0]), "generated_tokens": tokens,
+              "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds), "gpu_used_gb": gpu_used_gb()})
+    engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
