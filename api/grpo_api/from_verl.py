@@ -157,7 +157,13 @@ def _lora_on(ctx) -> bool:
 
 
 def _lora_rank(value, ctx):
-    return SKIP if int(value) == 0 else int(value)       # verl: 0 is full-parameter training
+    if int(value) == 0:
+        return SKIP                                       # verl: 0 is full-parameter training
+    if ctx.has("data.image_key") or _VL_MODEL.search(str(ctx.flat.get("actor_rollout_ref.model.path"))):
+        # The trainer would refuse it at its start (grpo_trainer.actor): refused here, before a job exists.
+        raise Unsupported("LoRA on a vision-language model is not built yet (issue 45); train every weight "
+                          "(lora_rank=0; actor_rollout_ref.actor.freeze_vision_tower keeps the vision tower as loaded)")
+    return int(value)
 
 
 def _lora_only(convert=None):
@@ -586,16 +592,9 @@ def _model_path(value, ctx):
     return value
 
 
-def _rollout_engine(value, ctx):
-    engine = _choice({"vllm": "vllm", "hf": "hf"}, {"sglang": "SGLang rollout is not supported; use vllm",
-                                                    "trtllm": "TensorRT-LLM rollout is not supported; use vllm"},
-                     "rollout engine")(value, ctx)
-    if engine == "vllm" and (ctx.has("data.image_key") or _VL_MODEL.search(str(ctx.flat.get("actor_rollout_ref.model.path")))):
-        # A job that can't generate is refused here, not translated to fail at its first step.
-        raise Unsupported("vLLM's multimodal inputs are not built yet (issue 45): its rollout servers refuse prompts "
-                          "with images; to translate for the hf engine (CPU and development, not tested on GPU), "
-                          "pass actor_rollout_ref.rollout.name=hf after the script")
-    return engine
+_rollout_engine = _choice({"vllm": "vllm", "hf": "hf"}, {"sglang": "SGLang rollout is not supported; use vllm",
+                                                     "trtllm": "TensorRT-LLM rollout is not supported; use vllm"},
+                          "rollout engine")
 
 
 # `key=True` under a namespace ignored wholesale, or a key no rule names, is an error (a feature
@@ -807,8 +806,8 @@ RULES: tuple[Rule, ...] = (
     Ignore("actor_rollout_ref.ref.*", "reference-model worker tuning; the reference model shares the "
            "trainer's sharding"),
     # actor_rollout_ref.rollout
-    Map("actor_rollout_ref.rollout.name", "rollout.engine", "vllm, hf; sglang is an error; vllm with images "
-        "warns (not built)", _rollout_engine),
+    Map("actor_rollout_ref.rollout.name", "rollout.engine", "vllm, hf (both take images); sglang is an "
+        "error", _rollout_engine),
     Map("actor_rollout_ref.rollout.n", "rollout.n", "the group size", absent=1),
     Map("actor_rollout_ref.rollout.tensor_model_parallel_size", "rollout.tensorParallelSize", "GPUs per rollout "
         "server", absent=2),

@@ -155,19 +155,17 @@ def test_qwen_vl_models_translate_for_the_hf_engine(path):
 
 @pytest.mark.parametrize("script, model", [("grpo_run_qwen2_5_vl_7b_fsdp.sh", "Qwen/Qwen2.5-VL-7B-Instruct"),
                                            ("grpo_run_qwen3_vl_8b_fsdp.sh", "Qwen/Qwen3-VL-8B-Instruct")])
-def test_verls_geo3k_vl_scripts_are_refused_on_vllm_and_translate_for_the_hf_engine(script, model):
-    cfg, _ = read_input(str(SCRIPTS / script))
-    refused = translate(cfg)
-    assert any("vLLM's multimodal inputs are not built yet (issue 45)" in e and "rollout.name=hf" in e
-               for e in refused.errors), refused.errors
-    cfg, _ = read_input(str(SCRIPTS / script), args=["actor_rollout_ref.rollout.name=hf"])
-    t = translate(cfg)
-    assert t.errors == []
-    spec = t.job.spec
-    assert (spec.model.path, spec.data.image_key, spec.data.train_files) == (
-        model, "images", ["file://$HOME/data/geo3k/train.parquet"])
-    assert (spec.data.train_batch_size, spec.data.max_prompt_length, spec.data.max_response_length) == (512, 1024, 2048)
-    assert (spec.rollout.engine, spec.rollout.n, spec.algorithm.kl_loss_type) == ("hf", 5, "low_var_kl")
+def test_verls_geo3k_vl_scripts_translate_as_they_are_for_vllm_and_for_the_hf_engine(script, model):
+    for args, engine in (([], "vllm"), (["actor_rollout_ref.rollout.name=hf"], "hf")):
+        cfg, _ = read_input(str(SCRIPTS / script), args=args)
+        t = translate(cfg)
+        assert t.errors == [], t.errors
+        spec = t.job.spec
+        assert (spec.model.path, spec.data.image_key, spec.data.train_files) == (
+            model, "images", ["file://$HOME/data/geo3k/train.parquet"])
+        assert (spec.data.train_batch_size, spec.data.max_prompt_length, spec.data.max_response_length) == (
+            512, 1024, 2048)
+        assert (spec.rollout.engine, spec.rollout.n, spec.algorithm.kl_loss_type) == (engine, 5, "low_var_kl")
 
 
 def test_nothing_the_script_does_leaves_its_temporary_folders(tmp_path):
