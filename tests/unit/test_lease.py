@@ -46,8 +46,10 @@ def test_a_second_trainer_is_refused_naming_the_live_holder(run):
 
 def test_a_lease_whose_holder_is_gone_is_taken_over(run):
     storage, uri = run
-    # on this host, a process that exited (kill -9 of every trainer process, then a new `grpo run`)
+    # on this host, a process that exited (kill -9 of every trainer process, then a new `grpo run`):
+    # its lease names the start time it had while it lived
     RunLease(storage, uri, job_uid=None, host="node-a", pid=_dead_pid()).acquire(renew=False)
+    storage.write_bytes(uri, json.dumps({**json.loads(storage.read_bytes(uri)), "pid_start": "4242"}).encode())
     taker = RunLease(storage, uri, job_uid=None, host="node-a")
     taker.acquire(renew=False)
     assert LeaseRecord.from_json(storage.read_bytes(uri)).holder == taker.record.holder
@@ -90,6 +92,21 @@ def test_a_restarted_pod_waits_out_its_predecessors_lease_though_hostname_and_pi
     restarted = RunLease(storage, uri, job_uid="u", host="trainer-0", ttl_s=0.5)
     restarted.acquire(renew=False)
     assert LeaseRecord.from_json(storage.read_bytes(uri)).holder == restarted.record.holder
+
+
+def test_a_restarted_container_that_gets_its_predecessors_namespace_number_and_pid_takes_over(run):
+    # The 12-04 CI failure: the restarted container's PID namespace got the dead one's inode number
+    # (freed, then reused) and its trainer the dead one's pid. The start time tells them apart: the
+    # holder is gone at once; while it lives (same pid and start time) the newcomer is refused.
+    storage, uri = run
+    RunLease(storage, uri, job_uid="u", host="trainer-0", ttl_s=60).acquire(renew=False)
+    record = json.loads(storage.read_bytes(uri))
+    storage.write_bytes(uri, json.dumps({**record, "pid_start": "1"}).encode())   # our pid, started at boot
+    restarted = RunLease(storage, uri, job_uid="u", host="trainer-0", ttl_s=60)
+    restarted.acquire(renew=False)                                                  # at once: no TTL wait
+    assert LeaseRecord.from_json(storage.read_bytes(uri)).holder == restarted.record.holder
+    with pytest.raises(LeaseHeld, match="host trainer-0"):                         # the live holder itself
+        RunLease(storage, uri, job_uid="u", host="trainer-0", ttl_s=60).acquire(renew=False)
 
 
 def test_a_holder_whose_lease_was_taken_over_stops_writing(run):

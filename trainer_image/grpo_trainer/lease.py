@@ -8,9 +8,10 @@ of writing into its run. It is a plain object in the run's storage, so it works 
 s3:// runs and across pods.
 
 A lease whose holder stopped renewing is taken over: one older than its TTL at once; one in this
-process namespace (same host, same PID namespace) whose process is gone at once; any other (another
-node, or a pod restarted after a crash: same hostname, new PID namespace, where the old pid means
-nothing) once it goes one TTL without a renewal. A holder that still renews is alive: the newcomer is refused.
+process namespace (same boot, same PID namespace, same pid with the same start time) whose process
+is gone at once; any other (another node, or a pod restarted after a crash: same hostname, a new
+PID namespace, which may even get the dead one's inode number, where the old pid means nothing)
+once it goes one TTL without a renewal. A holder that still renews is alive: the newcomer is refused.
 Two trainers taking a free lease at the same moment: the last write wins and the other reads
 that back and is refused.
 """
@@ -60,6 +61,10 @@ class LeaseRecord:
     pid_namespace: str = ""
     """The holder's kernel boot and PID namespace (`_pid_namespace`): only a newcomer in the same one
     can ask whether `pid` is alive. Empty in leases from before it was recorded."""
+    pid_start: str = ""
+    """The holder process's start time (`_process_start`): a namespace's inode number is reused once
+    it is freed (a restarted container gets its dead predecessor's, on the 12-04 CI run), and so is
+    a pid; with the start time they name one process."""
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), indent=1).encode()
@@ -86,14 +91,13 @@ def _pid_namespace() -> str:
         return ""
 
 
-def _process_alive(pid: int) -> bool:
+def _process_start(pid: int) -> str:
+    """The process's start time in clock ticks after boot (/proc/<pid>/stat, field 22); '' when there
+    is no such process or /proc doesn't say."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:      # someone else's process: alive
-        return True
-    return True
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
 
 
 class RunLease:
@@ -104,9 +108,10 @@ class RunLease:
                  host: str | None = None, pid: int | None = None, clock: Callable[[], float] = time.time,
                  on_lost: Callable[[LeaseRecord], None] | None = None):
         self.storage, self.uri, self.ttl_s, self.clock = storage, uri, ttl_s, clock
-        self.record = LeaseRecord(holder=uuid.uuid4().hex, host=host or socket.gethostname(),
-                                  pid=os.getpid() if pid is None else pid, job_uid=job_uid, renewed_at=0.0,
-                                  renewals=0, ttl_s=ttl_s, pid_namespace=_pid_namespace())
+        pid = os.getpid() if pid is None else pid
+        self.record = LeaseRecord(holder=uuid.uuid4().hex, host=host or socket.gethostname(), pid=pid,
+                                  job_uid=job_uid, renewed_at=0.0, renewals=0, ttl_s=ttl_s,
+                                  pid_namespace=_pid_namespace(), pid_start=_process_start(pid))
         self.on_lost = on_lost or _exit_on_lost
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -153,13 +158,15 @@ class RunLease:
             log.warning("Taking over the run's lease from a trainer that stopped renewing it %.0fs ago (%s)",
                         age, current.describe())
             return
-        if current.host == self.record.host and current.pid_namespace == self.record.pid_namespace != "":
-            if _process_alive(current.pid):
+        if (current.host == self.record.host and current.pid_namespace == self.record.pid_namespace != ""
+                and current.pid_start != ""):
+            if _process_start(current.pid) == current.pid_start:
                 raise LeaseHeld(self._held_message(current))
             log.warning("Taking over the run's lease: its holder's process is gone (%s)", current.describe())
             return
         # Another machine or PID namespace (a restarted pod keeps its hostname, and its predecessor's
-        # pid may be anyone's here): its process can't be asked. Alive iff it renews within its TTL.
+        # pid may be anyone's here), or a lease without the start time: its process can't be asked.
+        # Alive iff it renews within its TTL.
         wait = current.ttl_s - max(age, 0.0) + 1.0
         log.info("The run's lease is held by %s, renewed %.0fs ago: waiting up to %.0fs to see whether it "
                  "still renews it", current.describe(), age, wait)
