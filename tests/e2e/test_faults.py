@@ -1,5 +1,5 @@
-"""Faults with real pods: a rollout pod deleted mid-run, the trainer pod killed mid-run,
-suspend then resume, and an image that doesn't exist."""
+"""Faults with real pods: a rollout pod deleted mid-run, the trainer pod of a colocated job (its
+rollout servers inside) killed mid-run, suspend then resume, and an image that doesn't exist."""
 
 from __future__ import annotations
 
@@ -63,9 +63,29 @@ def test_deleted_rollout_pod_is_replaced_and_no_sample_is_lost(cluster, models):
     assert all(counts.get(s, 0) >= want for s in range(1, steps + 1)), counts
 
 
-def test_killed_trainer_pod_is_restarted_and_resumes_from_the_checkpoint(cluster, models):
+def _workers_per_step(cluster, ns, name) -> dict[int, set[str]]:
+    """The rollout servers (record column `worker`) whose shards each step trained on."""
+    fs = cluster.s3()
+    root = f"{run_path(cluster, ns, name)}/rollouts"
+    workers = {}
+    for f in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
+        if f.path.endswith(".parquet"):
+            step = int(f.path.split("/step-")[1].split("/")[0])
+            table = pq.read_table(f.path, filesystem=fs, columns=["worker"])
+            workers.setdefault(step, set()).update(table["worker"].to_pylist())
+    return workers
+
+
+def test_killed_colocated_trainer_pod_is_restarted_and_resumes_from_the_checkpoint(cluster, models):
+    """rollout.placement colocated (issue 46): the trainer pod runs its two ranks and, beside them,
+    one rollout server per rank (no rollout Deployment). Killed mid-run, the pod takes its servers
+    with it; the restarted pod (same hostname; its trainer often gets the dead one's pid) starts
+    them again, takes over the run's lease, resumes from the checkpoint, and every step's rollouts
+    have the same shape: a full batch, from both of the pod's servers."""
     ns, name, steps = new_namespace(cluster), "trainerkill", 16
-    job = quickstart_job(name, cluster, models, steps=steps, testFreq=-1, valBeforeTrain=False, saveFreq=5)
+    job = quickstart_job(name, cluster, models, steps=steps, testFreq=-1, valBeforeTrain=False, saveFreq=5,
+                         nprocPerNode=2)
+    job["spec"]["rollout"].update({"placement": "colocated", "replicas": 2})
     apply(cluster, ns, job)
     # Kill once the step-5 checkpoint is complete (its manifest is written last), read from
     # storage: the status' step lags by up to a resync, and a kill after the last step would
@@ -73,11 +93,12 @@ def test_killed_trainer_pod_is_restarted_and_resumes_from_the_checkpoint(cluster
     fs = cluster.s3()
     manifest = f"{run_path(cluster, ns, name)}/checkpoints/step-5/manifest.json"
     wait_for("the step-5 checkpoint", lambda: fs.get_file_info(manifest).type == pafs.FileType.File,
-             timeout=600, interval=1, diagnose=describe(cluster, ns, name))
+             timeout=900, interval=1, diagnose=describe(cluster, ns, name))
+    assert not pods(cluster, ns, name, "rollout")                 # the servers are the trainer pod's
     (victim,) = [p["metadata"]["name"] for p in pods(cluster, ns, name, "trainer")]
-    # A crash, not a deletion: every process of the pod's user dies (torchrun is PID 1).
+    # A crash, not a deletion: every process of the pod's user dies (its servers too).
     cluster.kubectl("exec", "-n", ns, victim, "--", "bash", "-c", "kill -KILL -1", check=False)
-    final = wait_phase(cluster, ns, name, {"Succeeded"}, timeout=900)
+    final = wait_phase(cluster, ns, name, {"Succeeded"}, timeout=1200)
     assert final["progress"]["step"] == steps
     assert final["restarts"] >= 1, final
     (trainer,) = [p for p in pods(cluster, ns, name, "trainer") if p["metadata"]["name"] != victim]
@@ -86,6 +107,10 @@ def test_killed_trainer_pod_is_restarted_and_resumes_from_the_checkpoint(cluster
     # The replacement resumed from a checkpoint the killed pod wrote, and trained the rest.
     assert resumed and 5 <= int(resumed.group(1)) < steps, logs[-3000:]
     assert max(r["step"] for r in metrics(cluster, ns, name) if "step" in r) == steps
+    want = job["spec"]["data"]["trainBatchSize"] * job["spec"]["rollout"]["n"]
+    counts, workers = _samples_per_step(cluster, ns, name), _workers_per_step(cluster, ns, name)
+    assert all(counts.get(s, 0) >= want for s in range(1, steps + 1)), counts
+    assert all(len(workers.get(s, ())) == 2 for s in range(1, steps + 1)), workers
 
 
 def test_a_job_deleted_mid_run_and_applied_again_runs_anew(cluster, models):
