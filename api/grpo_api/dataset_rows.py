@@ -29,6 +29,10 @@ def _a(value) -> str:
     return f"an {name}" if name[0] in "aeiou" else f"a {name}"
 
 
+VIDEO_COLUMN = "videos"
+"""verl's default data.video_key: rows with videos there are refused (not supported yet)."""
+
+
 def check_columns(names: list[str], uri: str, data: DataSpec) -> None:
     missing = [c for c in (data.prompt_key, *REQUIRED_COLUMNS) if c not in names]
     if missing:
@@ -115,6 +119,9 @@ def check_row(rec: dict, row: int, uri: str, data: DataSpec) -> list[dict]:
     """One row's prompt (its chat messages) and images, checked; DataError naming the file, row and column."""
     messages = row_messages(rec.get(data.prompt_key), f"{uri}: row {row}: {data.prompt_key}")
     check_images_shape(rec.get(data.image_key), f"{uri}: row {row}: {data.image_key}")
+    if rec.get(VIDEO_COLUMN):     # verl reads them by default (data.video_key): never trained on as text alone
+        raise DataError(f"{uri}: row {row}: {VIDEO_COLUMN}: videos are not supported yet (issue 45); only images "
+                        f"(data.imageKey)")
     return messages
 
 
@@ -128,7 +135,7 @@ def check_local_dataset(path: str, data: DataSpec, reward: RewardSpec | None) ->
     except (OSError, pa.ArrowInvalid) as exc:
         raise DataError(f"{path}: can't read as parquet: {exc}") from None
     check_columns(names, path, data)
-    columns = [c for c in (data.prompt_key, *REQUIRED_COLUMNS, data.image_key) if c in names]
+    columns = [c for c in (data.prompt_key, *REQUIRED_COLUMNS, data.image_key, VIDEO_COLUMN) if c in names]
     records = pq.read_table(path, columns=columns).to_pylist()
     for row, rec in enumerate(records):
         check_row(rec, row, path, data)

@@ -671,7 +671,8 @@ RULES: tuple[Rule, ...] = (
     Map("data.seed", "data.seed"),
     Map("data.image_key", "data.imageKey", "a vision-language model's images (Qwen2.5-VL, Qwen3-VL)"),
     Refuse("data.video_key", _VIDEO),
-    Refuse("data.image_patch_size", "the model's image processor's own patch size is used", ok=(None, 14)),
+    Map("data.image_patch_size", "data.imagePatchSize", "checked against the model's image processor when the "
+        "trainer starts (its own size is used)"),
     Ignore("data.return_multi_modal_inputs", "the trainer computes the images' inputs itself, per micro-batch"),
     Refuse("data.filter_accuracy", "filtering prompts by their accuracy is not supported", ok=(False, None)),
     Ignore("data.accuracy_lower_bound", "only used with data.filter_accuracy"),

@@ -116,6 +116,8 @@ class DataSpec(_Model):
     """Column holding the chat messages (verl: data.prompt_key)."""
     image_key: str = Field(default="images", min_length=1)
     """Column holding each row's images, a list of {bytes, path} (verl: data.image_key), one per `<image>` placeholder in the prompt, for a vision-language model (Qwen2.5-VL, Qwen3-VL; the hf and vllm engines); a model without a vision tower refuses rows that have images. Each image is stored once in the run (images/<sha256>) and the prompt and rollout records name it."""
+    image_patch_size: int | None = Field(default=None, ge=1)
+    """verl: data.image_patch_size. The model's image processor sizes the images at its own patch size; a value here must equal it, checked when the trainer starts (another size fails the job with exit code 2 instead of training on differently sized images than verl would). Null: the processor's, as verl's default."""
     train_batch_size: int = Field(default=1024, ge=1)
     """Prompts per training step (verl: data.train_batch_size)."""
     val_batch_size: int | None = Field(default=None, ge=1)

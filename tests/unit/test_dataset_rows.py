@@ -60,6 +60,10 @@ BAD_ROWS = {   # case: (the rows, the arrow types inference can't tell, what the
     "image with neither bytes nor path": (lambda: [{**r, "images": [{"bytes": None, "path": None}] if i == 2 else None}
                                                    for i, r in enumerate(make_rows(3, "t", 0))], {"images": IMAGES},
                                           "row 2: images[0]: neither image bytes nor a path"),
+    # verl reads a `videos` column by default: its rows would train on their text alone here
+    "a row with videos": (lambda: [{**r, "videos": [{"video": ["f1.jpg", "f2.jpg"]}] if i == 1 else []}
+                                   for i, r in enumerate(make_rows(3, "t", 0))], {},
+                          "row 1: videos: videos are not supported yet (issue 45); only images (data.imageKey)"),
 }
 
 

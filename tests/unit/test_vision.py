@@ -174,6 +174,10 @@ def test_prompts_count_their_image_tokens_and_store_each_image_once(vl_model, tm
     # A text-only model refuses rows with images.
     with pytest.raises(DataError, match="row 0 has images .* not a vision-language model"):
         load_prompts(data.train_files, data, tok, storage, images=None)
+    # verl's data.image_patch_size: the processor's own (14 here) is accepted, another refused by name.
+    assert image_store(spec, tok, storage, layout, patch_size=14) is not None
+    with pytest.raises(DataError, match="spec.data.imagePatchSize: 16, but the image processor of .* has patch size 14"):
+        image_store(spec, tok, storage, layout, patch_size=16)
 
 
 def test_an_unreadable_image_is_named_by_file_and_row_before_anything_starts(vl_model, tmp_path):

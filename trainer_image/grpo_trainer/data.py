@@ -78,14 +78,21 @@ class ImageStore:
         return uri
 
 
-def image_store(model_spec, tokenizer, storage: Storage, layout: RunLayout) -> ImageStore | None:
-    """The ImageStore of a VL spec.model (its image processor and image token); None for others."""
+def image_store(model_spec, tokenizer, storage: Storage, layout: RunLayout,
+                patch_size: int | None = None) -> ImageStore | None:
+    """The ImageStore of a VL spec.model (its image processor and image token); None for others.
+    `patch_size` (spec.data.imagePatchSize): must be the processor's own, which sizes the images."""
     from transformers import AutoConfig
     config = AutoConfig.from_pretrained(model_spec.path, trust_remote_code=model_spec.trust_remote_code)
     if not vision.is_vision_language(config):
         return None
-    return ImageStore(vision.load_image_processor(model_spec), config.image_token_id,
-                      config.vision_config.spatial_merge_size, storage, layout)
+    processor = vision.load_image_processor(model_spec)
+    own = getattr(processor, "patch_size", None)
+    if patch_size is not None and own is not None and patch_size != own:
+        # verl resizes to multiples of patch_size x merge before its processor; here the processor alone does.
+        raise DataError(f"spec.data.imagePatchSize: {patch_size}, but the image processor of {model_spec.path} has "
+                        f"patch size {own}, which sizes the images here: set {own} or leave it out")
+    return ImageStore(processor, config.image_token_id, config.vision_config.spatial_merge_size, storage, layout)
 
 
 def _row_images(rec: dict, key: str, uri: str, row_number: int, storage: Storage) -> list[bytes]:

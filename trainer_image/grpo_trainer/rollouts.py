@@ -190,7 +190,8 @@ def prepare(spec: GRPOJobSpec, tokenizer, storage: Storage, layout: RunLayout, *
         mt = spec.rollout.multi_turn
         tools = servers.tool_schemas() if servers is not None and mt.enable else None
         datasets = load_datasets(spec.data, tokenizer, storage, tool_schemas=tools,
-                                 images=image_store(model_spec or spec.model, tokenizer, storage, layout),
+                                 images=image_store(model_spec or spec.model, tokenizer, storage, layout,
+                                                     patch_size=spec.data.image_patch_size),
                                  reward=spec.reward)
         try:
             storage.check_writable(layout.root)
