@@ -21,6 +21,16 @@ from grpo_trainer.state import ValidatorState
 log = logging.getLogger("grpo.trainer")
 
 
+def validation_line(rewards: list[float]) -> str:
+    """The console's summary of a validation: the tutorial's "Validation accuracy: 42.1%" where every
+    reward is 0 or 1 (a right/wrong rule); else the mean reward, which is no accuracy (a reward
+    model's scale, math_dapo's +-1, partial credit)."""
+    mean = statistics.fmean(rewards)
+    if all(r in (0.0, 1.0) for r in rewards):
+        return f"Validation accuracy: {100 * mean:.1f}%"
+    return f"Validation score: {mean:.4f} (the mean reward)"
+
+
 class Validator:
     def __init__(self, spec: GRPOJobSpec, rollouts: RolloutSource,
                  generating: Callable[[], AbstractContextManager] = contextlib.nullcontext):
@@ -69,7 +79,7 @@ class Validator:
                                                temperature=self.spec.rollout.val_temperature, version=version)[0]
             samples = self.rollouts.read(uris)
             self.score = statistics.fmean(s.reward for s in samples)
-            log.info("Validation accuracy: %.1f%% (epoch %d)", 100 * self.score, self.rollouts.epoch)
+            log.info("%s (epoch %d)", validation_line([s.reward for s in samples]), self.rollouts.epoch)
             metrics = self.failures.counts(step, samples)
         dist.barrier()
         return {"val/score": self.score if self.rollouts.rank0 else None, **metrics}
