@@ -123,7 +123,6 @@ def main(argv=None) -> int:
 
     import torch
 
-    from grpo_rollout import tiny_vl
     from grpo_rollout.engine import SamplingParams
     from grpo_rollout.vllm_engine import VLLMEngine
     from grpo_trainer import vision
@@ -190,7 +189,7 @@ def main(argv=None) -> int:
     shifted = reference([[pngs[(i + 1) % k]] for i in range(k)])
     emit({"phase": "logprobs", "mean_abs_right_images": round(right, 4), "mean_abs_shifted_images": round(shifted, 4),
           "agree": right < 0.5 * shifted})
-    del model
+    model = None            # the reference forward is done: its GPU memory goes back
     torch.cuda.empty_cache()
 
     # 2. Cost: with images against text-only prompts of the same length.

@@ -13,16 +13,13 @@ test_replay.py. `grpo ui` runs as a subprocess on a free port.
 - a screenshot of each view under $GRPO_TEST_ARTIFACTS (default tests/.artifacts)/ui.
 
 Without chromium, chromedriver or selenium the test is skipped; with GRPO_REQUIRE_E2E=1 (CI,
-scripts/test.sh) it fails instead."""
+scripts/test.sh) it fails instead (browser_helpers)."""
 
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import os
-import socket
-import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -31,61 +28,24 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from integration_helpers import child_env, grpo_cli
+from browser_helpers import chromium, serving_ui
 from polling import wait_until
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def require_browser():
-    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.access(p, os.X_OK)]
-    if importlib.util.find_spec("selenium") is None:
-        missing.append("the selenium package (the dev extra)")
-    if missing:
-        msg = f"{', '.join(missing)} missing (scripts/install-node-packages.sh installs chromium and chromium-driver)"
-        if os.environ.get("GRPO_REQUIRE_E2E") == "1":
-            pytest.fail(msg + " and GRPO_REQUIRE_E2E=1")
-        pytest.skip(msg)
 
 
 @pytest.fixture
 def browser():
-    require_browser()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    yield driver
-    driver.quit()
+    with chromium() as driver:
+        yield driver
 
 
 @pytest.fixture
 def ui(resumed_run, tmp_path):
-    port = free_port()
-    log = tmp_path / "ui.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([*grpo_cli(), "ui", str(resumed_run), "--port", str(port)], stdout=out,
-                                stderr=subprocess.STDOUT, env=child_env())
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: proc.poll() is None and urllib.request.urlopen(base + "/", timeout=30).status == 200,
-                   timeout=180, what="grpo ui to serve", retry_on=(OSError,), diagnose=log.read_text)
+    with serving_ui(resumed_run, tmp_path / "ui.log") as base:
         yield base
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def artifacts() -> Path:

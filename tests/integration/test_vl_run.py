@@ -146,32 +146,12 @@ def test_each_groups_image_shows_in_chromium(runs, tmp_path):
     """Issue 45 item 4 in a real browser (as tests/integration/test_ui.py): `grpo ui` on the learning
     run, step 1's page in headless Chromium; every group's <img> loads as the page is scrolled (they
     load lazily), and the pixel the browser draws at its centre is the colour its ground truth names."""
-    import subprocess
-    import urllib.request
-
-    from integration_helpers import child_env, grpo_cli
+    from browser_helpers import chromium, serving_ui
     from polling import wait_until
-    from test_ui import CHROMEDRIVER, CHROMIUM, free_port, require_browser
 
     from grpo_rollout.tiny_vl import COLOURS
 
-    require_browser()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    port, log = free_port(), tmp_path / "ui.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([*grpo_cli(), "ui", str(runs["learn"]), "--port", str(port)], stdout=out,
-                                stderr=subprocess.STDOUT, env=child_env())
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
-        options.add_argument(arg)
-    driver = None
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_until(lambda: proc.poll() is None and urllib.request.urlopen(base + "/", timeout=30).status == 200,
-                   timeout=180, what="grpo ui to serve", retry_on=(OSError,), diagnose=log.read_text)
-        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    with serving_ui(runs["learn"], tmp_path / "ui.log") as base, chromium() as driver:
         driver.get(base + "/step/1")
         # Each loaded image drawn on a canvas: its centre pixel's RGB, with the ground truth of its group.
         drawn = wait_until(lambda: driver.execute_script("""
@@ -186,14 +166,6 @@ def test_each_groups_image_shows_in_chromium(runs, tmp_path):
               const p = g.getImageData(c.width >> 1, c.height >> 1, 1, 1).data;
               const code = i.closest('section.group').innerText.match(/ground truth\\s+(\\w+)/);
               return [code ? code[1] : null, [p[0], p[1], p[2]]];
-            });"""), timeout=60, what="step 1's images to load",
-            diagnose=lambda: driver.execute_script(
-                "return Array.from(document.images).map(i => [i.src, i.complete, i.naturalWidth]).slice(0, 3)"
-                " + ' | ' + document.querySelectorAll('section.group').length"))
-    finally:
-        if driver is not None:
-            driver.quit()
-        proc.terminate()
-        proc.wait(30)
+            });"""), timeout=60, what="step 1's images to load")
     assert len(drawn) == 20, drawn
     assert all(truth in COLOURS and tuple(rgb) == COLOURS[truth] for truth, rgb in drawn), drawn
