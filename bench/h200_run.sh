@@ -110,6 +110,8 @@ for phase in $PHASES; do
     vllm-lora)    SCRIPT=bench/vllm_lora_check.py run vllm-lora 240 120 $extra ;;
     # Issue 45 items 3 and 8: vLLM with images on a Qwen2.5-VL-3B-shaped model (needs no build).
     vl-vllm)      SCRIPT=bench/vl_vllm_check.py run vl-vllm 420 200 $extra ;;
+    # Issue 45: the VL update's micro-batch, images per row against shared, sdpa against varlen vision attention (no vLLM).
+    vl-update)    SCRIPT=bench/vl_update_profile.py run vl-update 360 150 $extra ;;
     vl-step)      RUN_W=$W-vl SCRIPT=bench/vl_vllm_check.py run vl-write-job 120 60 --write-job
                   RUN_W=$W-vl run vl-step 480 200 step --engine vllm --steps 2 --warmup 1 \
                     --gpu-memory-utilization 0.3 --label vl-3b $extra ;;

@@ -5,7 +5,7 @@ tokenizer and processor from grpo_rollout.tiny_vl), on one GPU:
 1. correctness: prompts built as the trainer builds them (the chat template, each image's
    placeholder widened by grpo_trainer.vision.expand_image_tokens) generate on vLLM with their
    images; the same sequences' log-probs from the transformers model (the trainer's forward:
-   grpo_trainer.vision.forward_kwargs, mrope positions) must agree far better with the right
+   grpo_trainer.vision.forward_inputs, mrope positions) must agree far better with the right
    images than with the images shifted by one row. Run after the vision tower's weights were
    changed in both (perturbed, then sent through `load_weights` under their Hugging Face names):
    a vision weight that vLLM did not take would show as disagreement;
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "what colour is the image"}]}]
     rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     rendered = rendered if isinstance(rendered, list) else list(rendered["input_ids"])
-    prompts = [vision.expand_image_tokens(rendered, image_id, vision.pixel_inputs(image_processor, [png]).image_grid_thw,
+    prompts = [vision.expand_image_tokens(rendered, image_id, vision.pixel_inputs(image_processor, [png]).rows_grid_thw,
                                           merge) for png in pngs]
     word = tok.convert_tokens_to_ids("image")
     text_only = [[word if t == image_id else t for t in p] for p in prompts]     # same length, no image
@@ -178,9 +178,8 @@ def main(argv=None) -> int:
             mask = torch.ones_like(ids)
             pixels = vision.pixel_inputs(image_processor, row).to("cuda")
             pixels.pixel_values = pixels.pixel_values.to(torch.bfloat16)
-            with torch.no_grad():
-                logits = model(input_ids=ids, attention_mask=mask,
-                               **vision.forward_kwargs(model, ids, mask, pixels)).logits.float()
+            with torch.no_grad(), vision.forward_inputs(model, ids, mask, pixels) as extra:
+                logits = model(input_ids=ids, attention_mask=mask, **extra).logits.float()
             logp = torch.log_softmax(logits[0, len(prompt) - 1:-1], -1).gather(-1, ids[0, len(prompt):, None])[:, 0]
             diffs.append((logp.cpu() - torch.tensor(group[0].logprobs)).abs())
         return float(torch.cat(diffs).mean())

@@ -27,14 +27,15 @@ def any_vl_model(request, tmp_path_factory):
 
 def _prompts(path):
     """Prompt ids (the trainer's rendering: <image> -> parts -> chat template -> the image's
-    tokens) and the image bytes of three rows of different colours."""
+    tokens) and the image bytes of three rows: red, blue, and red again (two samples of one
+    prompt, as a GRPO group's: the trainer encodes their image once)."""
     from transformers import AutoImageProcessor, AutoTokenizer
 
     from grpo_trainer.vision import expand_image_tokens, image_parts, pixel_inputs
     tok, proc = AutoTokenizer.from_pretrained(path), AutoImageProcessor.from_pretrained(path)
     image_id = tok.convert_tokens_to_ids("<|image_pad|>")
     rows = []
-    for colour, extra in (("red", ""), ("blue", " the image"), ("green", "")):
+    for colour, extra in (("red", ""), ("blue", " the image"), ("red", "")):
         png = colour_png(colour)
         ids = tok.apply_chat_template(image_parts([{"role": "user", "content": QUESTION + extra}], 1),
                                       add_generation_prompt=True, tokenize=True)
@@ -50,7 +51,7 @@ def _rank(_: int, path: str, out: str, init_file: str) -> None:
     from grpo_trainer import model as M
     from grpo_trainer.actor import forward_logprobs
     from grpo_trainer.batch import Sample, collate
-    from grpo_trainer.vision import pixel_inputs
+    from grpo_trainer.vision import PixelInputs, pixel_inputs
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=0, world_size=1)
     try:
@@ -78,8 +79,21 @@ def _rank(_: int, path: str, out: str, init_file: str) -> None:
         mb.pixels = pixel_inputs(proc, [png for _, png in rows])
         forward_logprobs(model, mb, T)[0].sum().backward()
         graded = [n for n, p in model.named_parameters() if p.grad is not None]
+        # The shared image's encoding gets the gradient of both rows: the vision tower's gradient is
+        # that of each row encoding its own copy.
+        grads, distinct = [], len(mb.pixels.image_grid_thw)
+        apart = [pixel_inputs(proc, [png]) for _, png in rows]
+        apart = PixelInputs(torch.cat([p.pixel_values for p in apart]), torch.cat([p.image_grid_thw for p in apart]),
+                            torch.arange(len(rows)))
+        for pixels in (mb.pixels, apart):
+            model = M.build_policy(ModelSpec(path=path, dtype="float32"), torch.device("cpu"))
+            mb.pixels = pixels
+            forward_logprobs(model, mb, T)[0].sum().backward()
+            grads.append({n: p.grad.full_tensor() for n, p in model.named_parameters() if ".visual." in n})
+        worst_grad = max(float((grads[0][n] - grads[1][n]).abs().max() / grads[1][n].abs().max().clamp_min(1e-12))
+                         for n in grads[1])
         torch.save({"results": results, "samples": [(s.prompt_ids, s.response_ids) for s in samples],
-                    "graded": graded}, out)
+                    "graded": graded, "distinct": distinct, "worst_grad": worst_grad}, out)
     finally:
         dist.destroy_process_group()
 
@@ -111,6 +125,7 @@ def test_vl_logprobs_match_a_float64_reference_forward(any_vl_model, tmp_path):
     assert moved > 1e-4, "the log-probs did not change with the image"
     assert got["graded"] and not [n for n in got["graded"] if ".visual." in n], got["graded"]
     assert any(".language_model." in n for n in got["graded"])
+    assert got["distinct"] == 2 and got["worst_grad"] < 1e-4, (got["distinct"], got["worst_grad"])
 
 
 def test_hf_engine_generates_with_images_and_reports_the_logprobs_of_a_float64_forward(any_vl_model):

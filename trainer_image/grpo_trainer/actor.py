@@ -35,7 +35,7 @@ from grpo_trainer.model import build_optimizer, build_policy, build_reference, m
 from grpo_trainer.offload import PhaseOffload
 from grpo_trainer.state import ActorState
 from grpo_trainer import vision
-from grpo_trainer.vision import forward_kwargs
+from grpo_trainer.vision import forward_inputs
 
 log = logging.getLogger("grpo.trainer")
 
@@ -53,18 +53,18 @@ def forward_logprobs(model, mb: MicroBatch, temperature: float, *, with_entropy:
     start = mb.response_start
     width = mb.input_ids.shape[1]
     head = fused_head(model)
-    vision = forward_kwargs(model, mb.input_ids, mb.attention_mask, mb.pixels)   # a VL model's images, positions
-    if head is not None:
-        # The head sees positions start..width-1; the last one predicts nothing.
-        select = F.pad(mb.predicts_response[:, start:], (0, 1))
-        with head.request(select, mb.targets[:, start:][mb.predicts_response[:, start:]], temperature,
-                          with_entropy=with_entropy, entropy_grad=entropy_grad and torch.is_grad_enabled()):
-            out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False,
-                        logits_to_keep=width - start, **vision).logits
-        out = F.pad(out[:, :-1], (0, 0, start, 0))
-        return out[..., 0], out[..., 1] if with_entropy else None
-    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False,
-                   logits_to_keep=width - start, **vision).logits
+    with forward_inputs(model, mb.input_ids, mb.attention_mask, mb.pixels) as vision:  # a VL model's images, positions
+        if head is not None:
+            # The head sees positions start..width-1; the last one predicts nothing.
+            select = F.pad(mb.predicts_response[:, start:], (0, 1))
+            with head.request(select, mb.targets[:, start:][mb.predicts_response[:, start:]], temperature,
+                              with_entropy=with_entropy, entropy_grad=entropy_grad and torch.is_grad_enabled()):
+                out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False,
+                            logits_to_keep=width - start, **vision).logits
+            out = F.pad(out[:, :-1], (0, 0, start, 0))
+            return out[..., 0], out[..., 1] if with_entropy else None
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False,
+                       logits_to_keep=width - start, **vision).logits
     logits = logits[:, :-1]
     if temperature > 0:
         logits = logits / temperature

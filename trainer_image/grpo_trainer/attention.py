@@ -20,6 +20,10 @@ import math
 import torch
 
 VARLEN = "grpo_varlen"
+# The same kernel for a vision tower, whose attention is not causal. "flash" in the name is what
+# makes transformers' Qwen VL towers pass each image's (or window's) boundaries as `cu_seqlens`;
+# under any other name they run one sdpa call per window of every image.
+VISION_VARLEN = "grpo_flash_varlen_vision"
 
 
 def varlen_available(device: torch.device) -> bool:
@@ -39,7 +43,11 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     # The function's keywords changed across torch releases: causal is is_causal=True (2.9) or
     # window_size=(-1, 0) (later); grouped-query heads need enable_gqa where it exists (flash
     # itself takes fewer key/value heads); without `scale` it is flash's 1/sqrt(d), Qwen's.
-    options = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    causal = kwargs.get("is_causal", getattr(module, "is_causal", True))
+    if "window_size" in params:
+        options = {"window_size": (-1, 0) if causal else (-1, -1)}
+    else:
+        options = {"is_causal": causal}
     if "scale" in params:
         options["scale"] = scaling
     elif scaling is not None and not math.isclose(scaling, q.shape[-1] ** -0.5):
@@ -67,6 +75,15 @@ def attn_implementation(device: torch.device, packed: bool, dtype: torch.dtype) 
     AttentionInterface.register(VARLEN, _attention)
     AttentionMaskInterface.register(VARLEN, sdpa_mask)
     return VARLEN
+
+
+def vision_attn_implementation(device: torch.device, dtype: torch.dtype) -> str | None:
+    """VISION_VARLEN (registered here) where the kernel runs (a GPU, bf16 or fp16), else None."""
+    if not (varlen_available(device) and dtype in (torch.bfloat16, torch.float16)):
+        return None
+    from transformers import AttentionInterface
+    AttentionInterface.register(VISION_VARLEN, _attention)
+    return VISION_VARLEN
 
 
 def varlen_kwargs(model, cu_seqlens: torch.Tensor, max_length: int) -> dict:

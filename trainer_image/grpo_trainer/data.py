@@ -66,7 +66,7 @@ class ImageStore:
 
     def prompt_ids(self, tokenizer, messages: list[dict], images: list[bytes]) -> list[int]:
         ids = _render(tokenizer, vision.image_parts(messages, len(images)))
-        grids = vision.pixel_inputs(self.processor, images).image_grid_thw if images else None
+        grids = vision.pixel_inputs(self.processor, images).rows_grid_thw if images else None
         return vision.expand_image_tokens(ids, self.image_token_id, grids, self.merge_size) if images else ids
 
     def store(self, data: bytes) -> str:

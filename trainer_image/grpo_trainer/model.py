@@ -22,10 +22,10 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 
 from grpo_api.spec import CriticSpec, ModelSpec, TrainerSpec
 from grpo_api.storage import check_local_model_path
-from grpo_trainer.attention import attn_implementation
+from grpo_trainer.attention import attn_implementation, vision_attn_implementation
 from grpo_trainer.lm_head import install_fused_head
 from grpo_trainer.vision import (auto_model_class, decoder_layers, freeze_vision_tower, is_vision_language,
-                                 vision_blocks)
+                                 set_vision_attention, vision_blocks)
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -163,6 +163,9 @@ def _load_sharded(spec: ModelSpec, device: torch.device, *, dtype: torch.dtype, 
     with _parameters_on_meta():
         model = auto.from_config(config, dtype=dtype, trust_remote_code=spec.trust_remote_code,
                                  attn_implementation=attn_implementation(device, packed, _DTYPES[spec.dtype.value]))
+    vision_attention = vision_attn_implementation(device, _DTYPES[spec.dtype.value])
+    if is_vision_language(config) and vision_attention is not None:
+        set_vision_attention(model, vision_attention)     # one kernel call per layer, not one per window
     prepare(model)
     if wrap is not None:
         model = wrap(model)

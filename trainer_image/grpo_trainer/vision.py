@@ -17,6 +17,7 @@ of every sample laid end to end with the text positions first; VL micro-batches 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +69,12 @@ def vision_blocks(model) -> list[torch.nn.Module]:
     return list(_core(model).visual.blocks)
 
 
+def set_vision_attention(model, implementation: str) -> None:
+    """The vision tower's attention implementation (the language model keeps its own)."""
+    for config in {id(m.config): m.config for m in _core(model).visual.modules() if hasattr(m, "config")}.values():
+        config._attn_implementation = implementation
+
+
 def freeze_vision_tower(model) -> int:
     """requires_grad off for the vision tower (verl: actor.freeze_vision_tower); its parameter count."""
     visual = _core(model).visual
@@ -77,20 +84,30 @@ def freeze_vision_tower(model) -> int:
 
 @dataclass
 class PixelInputs:
-    """The images of a micro-batch's rows, in row order: what the vision tower reads."""
-    pixel_values: torch.Tensor      # [patches, channels x temporal x patch x patch]
-    image_grid_thw: torch.Tensor    # [images, 3]
+    """The images of a micro-batch's rows: each distinct image once (a GRPO group's samples share
+    their prompt's), and which of them each image of the rows is, in row order."""
+    pixel_values: torch.Tensor      # [patches of the distinct images, channels x temporal x patch x patch]
+    image_grid_thw: torch.Tensor    # [distinct images, 3]
+    shown: torch.Tensor             # [images of the rows]: an index into the distinct images
 
     def to(self, device: torch.device) -> "PixelInputs":
-        return PixelInputs(self.pixel_values.to(device), self.image_grid_thw.to(device))
+        return PixelInputs(self.pixel_values.to(device), self.image_grid_thw.to(device), self.shown.to(device))
+
+    @property
+    def rows_grid_thw(self) -> torch.Tensor:
+        """[images of the rows, 3]: the grids in the order the rows' image tokens run."""
+        return self.image_grid_thw[self.shown]
 
 
 def pixel_inputs(image_processor, images: list[bytes]) -> PixelInputs | None:
-    """The processor's pixel values and grids of encoded `images` (None for none)."""
+    """The processor's pixel values and grids of encoded `images`, each distinct one once (None
+    for none)."""
     if not images:
         return None
-    out = image_processor(images=[open_image(b) for b in images], return_tensors="pt")
-    return PixelInputs(out["pixel_values"], out["image_grid_thw"])
+    distinct = {b: None for b in images}     # insertion-ordered
+    order = {b: i for i, b in enumerate(distinct)}
+    out = image_processor(images=[open_image(b) for b in distinct], return_tensors="pt")
+    return PixelInputs(out["pixel_values"], out["image_grid_thw"], torch.tensor([order[b] for b in images]))
 
 
 def mrope_position_ids(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -103,21 +120,58 @@ def mrope_position_ids(model, input_ids: torch.Tensor, attention_mask: torch.Ten
     return positions
 
 
-def forward_kwargs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   pixels: PixelInputs | None) -> dict:
-    """What a VL forward takes beside the ids and mask: the images and the mrope positions. Empty
-    for a model that is not VL."""
+@contextlib.contextmanager
+def forward_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, pixels: PixelInputs | None):
+    """What a VL forward inside the block takes beside the ids and mask: the images and the mrope
+    positions (nothing for a model that is not VL). Inside, the vision tower encodes each distinct
+    image once and its features fill every row that shows it: a group's n samples share their
+    prompt's image, which would otherwise pass through the tower n times in each forward and
+    backward (the gradient of the shared features sums over the rows, as the index's backward does)."""
     if not is_vision_language(model.config):
-        return {}
-    grid = None if pixels is None else pixels.image_grid_thw
-    expected = 0 if grid is None else int((grid.prod(-1) // model.config.vision_config.spatial_merge_size ** 2).sum())
+        yield {}
+        return
+    grid = None if pixels is None else pixels.rows_grid_thw
+    merge = model.config.vision_config.spatial_merge_size ** 2
+    expected = 0 if grid is None else int((grid.prod(-1) // merge).sum())
     found = int((input_ids == model.config.image_token_id).sum())
     if found != expected:     # e.g. samples read without their images: the model would see placeholders
         raise ValueError(f"a micro-batch's prompts hold {found} image tokens, its images make {expected}")
     kwargs = {"position_ids": mrope_position_ids(model, input_ids, attention_mask, grid)}
-    if pixels is not None:
-        kwargs |= {"pixel_values": pixels.pixel_values, "image_grid_thw": grid}
-    return kwargs
+    if pixels is None:
+        yield kwargs
+        return
+    # The model asks the tower for the rows' images (grids in row order); the tower encodes the
+    # distinct ones and hands back their merged features (and Qwen3-VL's DeepStack features) per row.
+    visual = _core(model).visual
+    encode, own = visual.forward, visual.__dict__.get("forward")
+    tokens = pixels.image_grid_thw.prod(-1) // merge
+    starts = tokens.cumsum(0) - tokens
+    rows = torch.cat([torch.arange(int(starts[i]), int(starts[i] + tokens[i])) for i in pixels.shown.tolist()])
+    rows = rows.to(pixels.pixel_values.device)
+
+    def encode_distinct(hidden_states, grid_thw=None, **kw):
+        return _select_tokens(encode(hidden_states, grid_thw=pixels.image_grid_thw, **kw), rows)
+    visual.forward = encode_distinct
+    try:
+        yield kwargs | {"pixel_values": pixels.pixel_values, "image_grid_thw": grid}
+    finally:
+        if own is None:
+            del visual.forward      # the class's forward again
+        else:
+            visual.forward = own
+
+
+def _select_tokens(out, rows: torch.Tensor):
+    """The vision tower's merged features (a tensor, or the pooler and DeepStack features of its
+    output) taken at `rows`; the patch-level hidden states are left as they are (unused)."""
+    if isinstance(out, torch.Tensor):
+        return out.index_select(0, rows)
+    if isinstance(out, (tuple, list)):
+        return type(out)(_select_tokens(o, rows) for o in out)
+    out.pooler_output = _select_tokens(out.pooler_output, rows)
+    if getattr(out, "deepstack_features", None) is not None:
+        out.deepstack_features = _select_tokens(out.deepstack_features, rows)
+    return out
 
 
 def image_parts(messages: list[dict], n_images: int) -> list[dict]:
