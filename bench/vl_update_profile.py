@@ -63,7 +63,9 @@ def main(argv=None) -> int:
     prompt = vision.expand_image_tokens(rendered, image_id, vision.pixel_inputs(image_processor, pngs[:1]).rows_grid_thw,
                                         merge)
     gen = torch.Generator().manual_seed(0)
-    rows = [prompt + torch.randint(0, 1000, (args.response,), generator=gen).tolist()
+    specials = set(tok.all_special_ids) | {image_id, model.config.video_token_id}
+    words = torch.tensor([t for t in range(len(tok)) if t not in specials])      # responses never hold a placeholder
+    rows = [prompt + words[torch.randint(0, len(words), (args.response,), generator=gen)].tolist()
             for _ in range(args.prompts * args.n)]
     ids = torch.tensor(rows, device=device)
     mask = torch.ones_like(ids)
