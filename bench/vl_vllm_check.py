@@ -47,15 +47,9 @@ def build_model(out: Path, tiny: bool):
     from grpo_rollout import tiny_vl
     tok, images = tiny_vl.build_processor()
     images.size = {"shortest_edge": 56 * 56, "longest_edge": IMAGE_PIXELS * IMAGE_PIXELS}   # 448 x 448 kept whole
-    ids = tok.convert_tokens_to_ids
     shape = {"text": {}, "vision": {}} if tiny else SHAPE_3B
-    specials = dict(pad_token_id=ids(tiny_vl.tiny.PAD), eos_token_id=ids(tiny_vl.tiny.IM_END), bos_token_id=None)
-    config = transformers.Qwen2_5_VLConfig(
-        text_config={**tiny_vl.DEFAULT_TEXT, "vocab_size": 151936, **shape["text"], **specials},
-        vision_config={**tiny_vl.DEFAULT_VISION, **shape["vision"]},
-        image_token_id=ids(tiny_vl.IMAGE_PAD), video_token_id=ids(tiny_vl.VIDEO_PAD),
-        vision_start_token_id=ids(tiny_vl.VISION_START), vision_end_token_id=ids(tiny_vl.VISION_END),
-        tie_word_embeddings=shape["text"].get("tie_word_embeddings", False), dtype="bfloat16", **specials)
+    config = tiny_vl.vl_config(tok, text={"vocab_size": 151936, **shape["text"]}, vision=shape["vision"],
+                               dtype="bfloat16")
     torch.manual_seed(0)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = transformers.Qwen2_5_VLForConditionalGeneration(config).to(torch.bfloat16).eval()

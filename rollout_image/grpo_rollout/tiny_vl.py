@@ -92,6 +92,24 @@ def build_processor(words: list[str] | None = None, arch: str = "qwen2.5-vl"):
     return tokenizer, images
 
 
+def vl_config(tok, arch: str = "qwen2.5-vl", text: dict | None = None, vision: dict | None = None,
+              dtype: str = "float32"):
+    """The config of a Qwen2.5-VL / Qwen3-VL around `tok`'s vision and special tokens: the tiny
+    sizes above, or those `text` and `vision` override (a real shape, its vocab_size too)."""
+    import transformers
+    if arch not in ARCHS:
+        raise ValueError(f"arch: {arch!r} is not a tiny VL architecture (known: {', '.join(ARCHS)})")
+    qwen3 = arch == "qwen3-vl"
+    ids = tok.convert_tokens_to_ids
+    specials = dict(pad_token_id=ids(tiny.PAD), eos_token_id=ids(tiny.IM_END), bos_token_id=None)
+    text = {**(QWEN3_TEXT if qwen3 else DEFAULT_TEXT), "vocab_size": len(tok), **(text or {}), **specials}
+    return (transformers.Qwen3VLConfig if qwen3 else transformers.Qwen2_5_VLConfig)(
+        text_config=text, vision_config={**(QWEN3_VISION if qwen3 else DEFAULT_VISION), **(vision or {})},
+        image_token_id=ids(IMAGE_PAD), video_token_id=ids(VIDEO_PAD), vision_start_token_id=ids(VISION_START),
+        vision_end_token_id=ids(VISION_END), tie_word_embeddings=text.get("tie_word_embeddings", False), dtype=dtype,
+        **specials)
+
+
 def build_tiny_vl_model(out_dir: str | Path, seed: int = 0, text: dict | None = None,
                         vision: dict | None = None, arch: str = "qwen2.5-vl") -> Path:
     """Write a random-init `arch` (qwen2.5-vl or qwen3-vl), its tokenizer and processor to `out_dir`."""
@@ -99,21 +117,13 @@ def build_tiny_vl_model(out_dir: str | Path, seed: int = 0, text: dict | None = 
     import transformers
     from transformers import GenerationConfig
 
-    if arch not in ARCHS:
-        raise ValueError(f"arch: {arch!r} is not a tiny VL architecture (known: {', '.join(ARCHS)})")
-    qwen3 = arch == "qwen3-vl"
-    config_cls, model_cls = ((transformers.Qwen3VLConfig, transformers.Qwen3VLForConditionalGeneration) if qwen3 else
-                             (transformers.Qwen2_5_VLConfig, transformers.Qwen2_5_VLForConditionalGeneration))
+    tok, images = build_processor(arch=arch)
+    config = vl_config(tok, arch, text, vision)
+    model_cls = (transformers.Qwen3VLForConditionalGeneration if arch == "qwen3-vl"
+                 else transformers.Qwen2_5_VLForConditionalGeneration)
+    specials = dict(pad_token_id=config.pad_token_id, eos_token_id=config.eos_token_id, bos_token_id=None)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok, images = build_processor(arch=arch)
-    ids = tok.convert_tokens_to_ids
-    specials = dict(pad_token_id=ids(tiny.PAD), eos_token_id=ids(tiny.IM_END), bos_token_id=None)
-    config = config_cls(
-        text_config={**(QWEN3_TEXT if qwen3 else DEFAULT_TEXT), **(text or {}), "vocab_size": len(tok), **specials},
-        vision_config={**(QWEN3_VISION if qwen3 else DEFAULT_VISION), **(vision or {})},
-        image_token_id=ids(IMAGE_PAD), video_token_id=ids(VIDEO_PAD), vision_start_token_id=ids(VISION_START),
-        vision_end_token_id=ids(VISION_END), tie_word_embeddings=False, dtype="float32", **specials)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = model_cls(config)
