@@ -3,11 +3,12 @@ package; a subcommand's package is imported only when it runs (so `grpo validate
 
 from __future__ import annotations
 
+import os
 import sys
 from importlib.metadata import entry_points
 
 from grpo_api import __version__
-from grpo_api.contracts import BAD_INPUT_EXIT_CODE
+from grpo_api.contracts import BAD_INPUT_EXIT_CODE, DIE_WITH_PARENT_ENV
 
 
 def _commands() -> dict:
@@ -25,8 +26,26 @@ def _summary(entry_point) -> str:
     return " ".join((fn.__doc__ or "").strip().split("\n\n")[0].split())
 
 
+def _die_with_launcher() -> None:
+    """SIGTERM when the `grpo run` that started this process dies (contracts.DIE_WITH_PARENT_ENV).
+    The variable is taken out of the environment, so this process's own children never see it: a
+    parent other than the one named means that one is already gone."""
+    launcher = os.environ.pop(DIE_WITH_PARENT_ENV, None)
+    if not launcher or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        return
+    if str(os.getppid()) != launcher:     # it died before the prctl: nothing would signal us
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _die_with_launcher()
     commands = _commands()
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(f"grpo {__version__}: Kubernetes-native GRPO post-training\n\nusage: grpo COMMAND [ARGS]\n\ncommands:")

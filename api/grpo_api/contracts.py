@@ -29,6 +29,11 @@ REWARD_ADDRESSES_ENV = "GRPO_REWARD_ADDRESSES"
 """The rollout servers' reward model servers: `name=host:port,...;other=...` (reward_addresses)."""
 SANDBOX_ADDRESSES_ENV = "GRPO_SANDBOX_ADDRESSES"
 """The rollout servers' sandbox servers for the python tool: `host:port,...` or a `dns:///` name."""
+DIE_WITH_PARENT_ENV = "GRPO_DIE_WITH_PARENT"
+"""Set by `grpo run` on the processes it starts (the trainer, the servers): its own pid. The `grpo`
+command started under it asks Linux for SIGTERM when that parent dies, even by SIGKILL
+(grpo_api.cli). Not set up between fork and exec (preexec_fn), which would make the launcher fork
+with its gRPC channels open (grpcio >= 1.80 aborts such children: grpc/grpc#43055)."""
 
 
 def split_addresses(text: str) -> list[str]:

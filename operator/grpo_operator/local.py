@@ -20,7 +20,6 @@ Only subprocesses here: the launcher never imports torch, the trainer or the rol
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import io
 import json
 import logging
@@ -39,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_api import __version__
+from grpo_api.contracts import DIE_WITH_PARENT_ENV
 from grpo_api.jobfile import dump_job, load_job
 from grpo_api.spec import GRPOJob
 
@@ -57,14 +57,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """Runs in the child before exec: its own process group (so we can stop torchrun and its
-    workers together) and SIGTERM when the launcher dies, even by SIGKILL (Linux)."""
-    os.setsid()
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+def _with_launcher(env: dict[str, str]) -> dict[str, str]:
+    """A child's environment: its own session (so torchrun and its workers stop together) is
+    Popen's start_new_session; SIGTERM when this launcher dies, even by SIGKILL, the child's `grpo`
+    asks for itself (contracts.DIE_WITH_PARENT_ENV). Neither runs Python between fork and exec, so
+    Popen can vfork: a fork of this process, whose gRPC channels are open, aborts in grpcio's
+    fork handlers (grpc/grpc#43055: 'epoll_wait error: Bad file descriptor', signal 6)."""
+    return {**env, DIE_WITH_PARENT_ENV: str(os.getpid())}
 
 
 def grpo_command() -> list[str]:
@@ -242,19 +241,19 @@ class Child:
             self._start_relayed(env)
             return
         with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(self.argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         preexec_fn=_die_with_parent)
+            self.proc = subprocess.Popen(self.argv, env=_with_launcher(env), stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
 
     def _start_relayed(self, env: dict[str, str]) -> None:
         if sys.stderr.isatty():
             terminal, child_side = pty.openpty()
-            self.proc = subprocess.Popen(self.argv, env=env, stdout=child_side, stderr=child_side,
-                                         preexec_fn=_die_with_parent)
+            self.proc = subprocess.Popen(self.argv, env=_with_launcher(env), stdout=child_side, stderr=child_side,
+                                         start_new_session=True)
             os.close(child_side)
             self.relay = Relay([(open(terminal, "rb", buffering=0), sys.stderr)])
         else:
-            self.proc = subprocess.Popen(self.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         preexec_fn=_die_with_parent)
+            self.proc = subprocess.Popen(self.argv, env=_with_launcher(env), stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, start_new_session=True)
             self.relay = Relay([(self.proc.stdout, sys.stdout), (self.proc.stderr, sys.stderr)])
 
     def stop(self, grace: float = 10.0) -> None:

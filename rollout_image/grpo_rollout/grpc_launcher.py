@@ -141,4 +141,30 @@ def run_server(prog: str, args: argparse.Namespace, ready_prefix: str, start: Ca
         if serving is not None:
             serving.server.stop(grace=args.grace).wait()
         launch.close()
+    _abandon_running_threads(log)
     return 0
+
+
+def _abandon_running_threads(log: logging.Logger, wait: float = 2.0) -> None:
+    """A stopped server exits even when a call's thread is still blocked (its caller gone, e.g. a
+    trainer killed with its launcher): Python would wait for it at exit, forever, and the pod for
+    the kubelet's SIGKILL. Such threads are named, with where they wait, then the process ends."""
+    import time
+    import traceback
+    deadline = time.monotonic() + wait
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    stuck = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if not stuck:
+        return
+    frames = sys._current_frames()
+    for thread in stuck:
+        where = "".join(traceback.format_stack(frames[thread.ident])[-3:]) if thread.ident in frames else "?"
+        log.warning("stopped with thread %s still running; abandoned at:\n%s", thread.name, where)
+    import atexit
+    atexit._run_exitfuncs()      # what exit would run (the log mirror's last copy), not the thread joins
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -19,12 +19,14 @@ import signal
 import subprocess
 import sys
 
+from pathlib import Path
+
 import pyarrow.parquet as pq
 import pytest
 
 from faults_helpers import Hold, accepted_rollouts, kill_tree, prompts_of, trainer_log_tail
 from grpo_api.contracts import STOPPED_EXIT_CODE
-from integration_helpers import (child_env, descendants, grpo_cli, load_safetensors, parent, read_metrics, run_root,
+from integration_helpers import (alive, child_env, descendants, grpo_cli, load_safetensors, parent, read_metrics, run_root,
                                  run_trainer, start_rollout_servers, trainer_argv, wait_until, write_job)
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
@@ -236,3 +238,46 @@ def test_the_pods_launcher_exits_stopped_for_a_stop_and_only_for_a_stop(tmp_path
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == STOPPED_EXIT_CODE, err[-3000:]
     assert err.strip().splitlines()[-1] == "trainer stopped: rank 0 stopped on a stop request (see its log)", err[-3000:]
+
+
+def test_a_killed_launcher_takes_its_trainer_and_servers_with_it(tmp_path, tiny_model, train_data):
+    """`grpo run` SIGKILLed mid-run (an OOM kill, a closed terminal's SIGKILL): Linux sends its
+    trainer and its rollout server SIGTERM; the trainer and torchrun's rank exit, the server stops
+    (its log says so). The children ask for that signal themselves after exec
+    (contracts.DIE_WITH_PARENT_ENV): the launcher starts them without running Python between fork
+    and exec, which with its gRPC channels open made a child abort in grpcio's fork handler
+    (grpc/grpc#43055, seen as 'The trainer (torchrun) was killed by signal 6' at start).
+    The server's own exit is not asserted: in 2 of ~30 runs it logged its stop and stayed up
+    (with its reward worker), a hang not understood yet (the issue-42 note)."""
+    job = write_job(tmp_path / "job.yaml", name="launcher", model=tiny_model, train=train_data,
+                    storage=tmp_path / "store", rollout={"replicas": 1},
+                    trainer={"nprocPerNode": 1, "totalSteps": 50, "saveFreq": 1})
+    root = run_root(tmp_path / "store", "launcher")
+    server_log = root / "logs" / "rollout-0.log"
+    children: dict[int, int] = {}
+    with open(tmp_path / "run.log", "wb") as out:
+        launcher = subprocess.Popen([*grpo_cli(), "run", str(job)], stdout=out, stderr=subprocess.STDOUT,
+                                    cwd=tmp_path, env=child_env(), start_new_session=True)
+    try:
+        wait_until(lambda: (root / "checkpoints" / "step-1" / "manifest.json").exists() or launcher.poll() is not None,
+                   300, what="step 1's checkpoint")
+        assert launcher.poll() is None, trainer_log_tail(tmp_path / "run.log")
+        children = descendants(launcher.pid)
+        ready = json.loads(server_log.read_text().split("GRPO_ROLLOUT_READY ", 1)[1].splitlines()[0])
+        server = {ready["pid"], *descendants(ready["pid"])}
+        trainer = {p: t for p, t in children.items() if p not in server}
+        assert ready["pid"] in children and len(trainer) >= 2, children     # the trainer and its rank
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+        left = lambda: {p: Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")[:200]  # noqa: E731
+                        for p, t in trainer.items() if alive(p, t)}
+        wait_until(lambda: not left(), 120, what="the trainer and its rank to exit", diagnose=left)
+        wait_until(lambda: "stopping: letting running calls finish" in server_log.read_text(), 60,
+                   what="the server's SIGTERM")
+    finally:
+        for pid, start in {**children, **descendants(launcher.pid)}.items():
+            if alive(pid, start):
+                os.kill(pid, signal.SIGKILL)
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
