@@ -159,10 +159,6 @@ def _lora_on(ctx) -> bool:
 def _lora_rank(value, ctx):
     if int(value) == 0:
         return SKIP                                       # verl: 0 is full-parameter training
-    if ctx.has("data.image_key") or _VL_MODEL.search(str(ctx.flat.get("actor_rollout_ref.model.path"))):
-        # The trainer would refuse it at its start (grpo_trainer.actor): refused here, before a job exists.
-        raise Unsupported("LoRA on a vision-language model is not built yet (issue 45); train every weight "
-                          "(lora_rank=0; actor_rollout_ref.actor.freeze_vision_tower keeps the vision tower as loaded)")
     return int(value)
 
 

@@ -111,8 +111,13 @@ def vl_config(tok, arch: str = "qwen2.5-vl", text: dict | None = None, vision: d
 
 
 def build_tiny_vl_model(out_dir: str | Path, seed: int = 0, text: dict | None = None,
-                        vision: dict | None = None, arch: str = "qwen2.5-vl") -> Path:
-    """Write a random-init `arch` (qwen2.5-vl or qwen3-vl), its tokenizer and processor to `out_dir`."""
+                        vision: dict | None = None, arch: str = "qwen2.5-vl", head_scale: float = 1.0) -> Path:
+    """Write a random-init `arch` (qwen2.5-vl or qwen3-vl), its tokenizer and processor to `out_dir`.
+
+    `head_scale` multiplies the LM head's random weights. A trained head's logits span tens; the
+    random one's (std 0.02 on 64 dims) span about one, and a policy that cannot change its head
+    (LoRA: the head and the final norm stay frozen) then cannot give any word more than ~0.2 of
+    the probability on this vocabulary, whatever it learns. 5 gives LoRA the range to learn in."""
     import torch
     import transformers
     from transformers import GenerationConfig
@@ -127,6 +132,7 @@ def build_tiny_vl_model(out_dir: str | Path, seed: int = 0, text: dict | None = 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = model_cls(config)
+        model.lm_head.weight.data.mul_(head_scale)
     model.generation_config = GenerationConfig(**specials, do_sample=True, temperature=1.0, top_p=1.0)
     model.save_pretrained(out)
     tok.save_pretrained(out)

@@ -1,10 +1,12 @@
 """A vision-language GRPOJob on the real node (issue 45): the tiny random Qwen2.5-VL from a mounted
 folder, the colours dataset (each prompt's image in verl's `images` column) in S3, trained by the
 trainer pod and generated for by the rollout pod's hf engine, from the images the Dockerfiles
-build. Its CPU runs (learning against lr=0, the float64 log-prob checks) are tests/integration and
-tests/unit; here what a user on Kubernetes sees: the job succeeds, each distinct image is stored
-once in the run's S3 folder and every prompt and rollout record names it there, and the export is
-a VL model with its image processor."""
+build, with verl's geo3k LoRA settings (adapters on every linear layer but the vision tower's,
+the KL loss against the model with its adapters off; the rollout pod's hf engine takes the adapters
+at each sync). Its CPU runs (learning against lr=0, full-parameter and LoRA, the float64 log-prob
+checks) are tests/integration and tests/unit; here what a user on Kubernetes sees: the job
+succeeds, each distinct image is stored once in the run's S3 folder and every prompt and rollout
+record names it there, and the export is a VL model with its image processor and its PEFT adapter."""
 
 from __future__ import annotations
 
@@ -57,10 +59,11 @@ def test_a_vision_language_job_trains_on_images_stored_once_in_s3(cluster, opera
                          miniBatchSize=32, microBatchSizePerGPU=256, lr=1e-2)
     spec = job["spec"]
     spec["model"].update({"path": f"{MODELS_MOUNT}/tiny-qwen2.5-vl", "dtype": "float32",
-                          "gradientCheckpointing": False})
+                          "gradientCheckpointing": False,
+                          "lora": {"rank": 8, "alpha": 16, "excludeModules": ".*visual.*"}})
     spec["data"] = {"trainFiles": [f"s3://{DATA}/train.parquet"], "imageKey": "images", "trainBatchSize": 32,
                     "maxPromptLength": 32, "maxResponseLength": 2}
-    spec["algorithm"] = {"advEstimator": "grpo", "useKLLoss": False}
+    spec["algorithm"] = {"advEstimator": "grpo", "useKLLoss": True, "klLossCoef": 0.001}
     spec["rollout"].update({"engine": "hf", "n": 8, "replicas": 1, "temperature": 1.0})
     apply(cluster, ns, job)
     wait_for("the VL job to finish", lambda: status(cluster, ns, name).get("phase") in ("Succeeded", "Failed"),
@@ -84,4 +87,7 @@ def test_a_vision_language_job_trains_on_images_stored_once_in_s3(cluster, opera
     export = f"{root}/hf/step-{STEPS}"
     with fs.open_input_stream(f"{export}/config.json") as f:
         assert json.loads(f.read())["model_type"] == "qwen2_5_vl"
-    assert fs.get_file_info(f"{export}/preprocessor_config.json").type == pafs.FileType.File
+    for name in ("preprocessor_config.json", "lora_adapter/adapter_config.json", "lora_adapter/adapter_model.safetensors"):
+        assert fs.get_file_info(f"{export}/{name}").type == pafs.FileType.File, name
+    with fs.open_input_stream(f"{export}/lora_adapter/adapter_config.json") as f:
+        assert json.loads(f.read())["exclude_modules"] == ".*visual.*"

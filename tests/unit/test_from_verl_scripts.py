@@ -168,6 +168,19 @@ def test_verls_geo3k_vl_scripts_translate_as_they_are_for_vllm_and_for_the_hf_en
         assert (spec.rollout.engine, spec.rollout.n, spec.algorithm.kl_loss_type) == (engine, 5, "low_var_kl")
 
 
+def test_verls_geo3k_lora_script_translates_with_the_vision_tower_excluded():
+    """examples/tuning/lora/run_qwen2_5_vl_7b_fsdp.sh: rank 64 on every linear layer but the
+    vision tower's, as verl's PEFT wrap does."""
+    cfg, _ = read_input(str(SCRIPTS / "lora_run_qwen2_5_vl_7b_fsdp.sh"), args=[])
+    t = translate(cfg)
+    assert t.errors == [], t.errors
+    spec = t.job.spec
+    assert (spec.model.path, spec.data.image_key) == ("Qwen/Qwen2.5-VL-7B-Instruct", "images")
+    lora = spec.model.lora
+    assert (lora.rank, lora.alpha, lora.target_modules, lora.exclude_modules) == (64, 32, ["all-linear"], ".*visual.*")
+    assert (spec.trainer.lr, spec.algorithm.kl_loss_coef, spec.rollout.engine) == (3e-6, 0.01, "vllm")
+
+
 def test_nothing_the_script_does_leaves_its_temporary_folders(tmp_path):
     victim = tmp_path / "victim"
     victim.mkdir()

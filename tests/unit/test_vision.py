@@ -237,10 +237,79 @@ spec:
         load_prompts([str(bad)], DataSpec(train_files=[str(bad)]), tok, storage, images=store)
 
 
-def test_lora_on_a_vl_model_is_refused_before_anything_is_written(vl_model):
+def _lora_rank(_: int, path: str, out: str, init_file: str) -> None:
+    """The trainer's LoRA policy on the VL model (verl's geo3k LoRA settings: all-linear, the
+    vision tower excluded), its adapters' B made nonzero: the log-probs it computes with the
+    images, and the merged weights its weight sync sends (under the engines' names)."""
+    import torch.distributed as dist
+
+    from grpo_api.spec import LoRASpec, ModelSpec
+    from grpo_trainer import lora
+    from grpo_trainer import model as M
+    from grpo_trainer.actor import forward_logprobs
+    from grpo_trainer.batch import Sample, collate
+    from grpo_trainer.vision import pixel_inputs
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=0, world_size=1)
+    try:
+        rows, proc = _prompts(path)
+        gen = torch.Generator().manual_seed(1)
+        samples = [Sample(f"u{i}", i, 0, ids, torch.randint(0, 12, (4,), generator=gen).tolist(), [0.0] * 4, 0.0,
+                          "stop") for i, (ids, _) in enumerate(rows)]
+        spec = ModelSpec(path=path, dtype="float32", lora=LoRASpec(rank=4, alpha=8, exclude_modules=".*visual.*"))
+        model = M.build_policy(spec, torch.device("cpu"), wrap=lora.wrapper(spec))
+        torch.manual_seed(1)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.3)
+        mb = collate([0, 1, 2], samples, None, 0, torch.device("cpu"))
+        mb.pixels = pixel_inputs(proc, [png for _, png in rows])
+        with torch.no_grad():
+            logp, _ = forward_logprobs(model, mb, T)
+            merged = {name: t.clone() for name, t in lora.full_rollout_tensors(model)}
+        torch.save({"logp": [logp[row, len(s.prompt_ids) - 1:len(s.prompt_ids) - 1 + len(s.response_ids)]
+                             for row, s in enumerate(samples)],
+                    "samples": [(s.prompt_ids, s.response_ids) for s in samples], "merged": merged,
+                    "adapted": [m for m, _ in lora.adapter_modules(model)],
+                    "trainable": [n for n, p in model.named_parameters() if p.requires_grad]}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_lora_on_a_vl_model_computes_what_its_merged_weights_compute(vl_model, tmp_path):
+    """verl's geo3k LoRA script (exclude_modules='.*visual.*'): adapters on the language model's
+    linear layers only, the only weights that train; the policy's log-probs with images are those
+    of a float64 VL model loaded with the merged weights the rollout engines get (every name one
+    they load, strictly)."""
+    import torch.multiprocessing as mp
+    from transformers import AutoModelForImageTextToText
+
     from grpo_api.spec import LoRASpec, ModelSpec
     from grpo_trainer.actor import Actor
-    from grpo_trainer.collectives import SetupError
-    with pytest.raises(SetupError, match="spec.model.lora: LoRA on a vision-language model is not built yet"):
-        Actor.check(ModelSpec(path=str(vl_model), lora=LoRASpec(rank=4)))
+    from grpo_trainer.vision import pixel_inputs
+    out = tmp_path / "out.pt"
+    mp.spawn(_lora_rank, args=(os.fspath(vl_model), os.fspath(out), os.fspath(tmp_path / "rdv")), nprocs=1, join=True)
+    got = torch.load(out)
+    assert got["adapted"] and all(".language_model." in m for m in got["adapted"]), got["adapted"]
+    assert got["trainable"] and all(".lora_" in n for n in got["trainable"]), got["trainable"]
+    ref = AutoModelForImageTextToText.from_pretrained(vl_model, dtype=torch.float64).eval()
+    base = {n: t.clone() for n, t in ref.state_dict().items()}
+    ref.load_state_dict({n: t.double() for n, t in got["merged"].items()}, strict=True)
+    assert all(torch.equal(got["merged"][n], base[n].float()) for n in base if ".visual." in n)
+    assert any(not torch.equal(got["merged"][n], base[n].float()) for n in base if ".language_model." in n)
+    rows, proc = _prompts(vl_model)
+    worst = 0.0
+    for (prompt, response), (_, png), trainer in zip(got["samples"], rows, got["logp"]):
+        ids, pixels = torch.tensor([prompt + response]), pixel_inputs(proc, [png])
+        with torch.no_grad():
+            logits = ref(input_ids=ids, pixel_values=pixels.pixel_values.double(), image_grid_thw=pixels.image_grid_thw,
+                         mm_token_type_ids=(ids == ref.config.image_token_id).int()).logits[0]
+        want = (logits[len(prompt) - 1:-1] / T).log_softmax(-1).gather(-1, torch.tensor(response)[:, None])[:, 0]
+        worst = max(worst, float((trainer.double() - want).abs().max()))
+    assert worst < 2e-5, worst
+    # The start-up check reads a VL config (and names the linear layers it has).
+    assert Actor.check(ModelSpec(path=str(vl_model), lora=LoRASpec(rank=4)))["r"] == 4
+    with pytest.raises(Exception, match="spec.model.lora.targetModules: 'c_attn' names no linear layer"):
+        Actor.check(ModelSpec(path=str(vl_model), lora=LoRASpec(rank=4, target_modules=["c_attn"])))
     assert Actor.check(ModelSpec(path=str(vl_model))) is None

@@ -139,9 +139,6 @@ class Actor:
         """The policy's spec.model against the model's config alone, before the trainer writes
         anything: with LoRA, its targets and adapterPath. Returns LoRA's PEFT config (JSON-able:
         checkpoints and exports keep it), None without LoRA."""
-        if model_spec.lora and vision.is_vision_language(model_config(model_spec)):
-            raise SetupError("spec.model.lora: LoRA on a vision-language model is not built yet (issue 45); "
-                             "train every weight (trainer.freezeVisionTower keeps the vision tower as loaded)")
         return lora.check_spec(model_spec) if model_spec.lora else None
 
     def __init__(self, model_spec: ModelSpec, spec: GRPOJobSpec, *, device: torch.device, total_steps: int,

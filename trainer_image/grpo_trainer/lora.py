@@ -246,11 +246,10 @@ def merged_from_checkpoint(base_model_, adapters: dict[str, torch.Tensor], confi
 def check_spec(model_spec: ModelSpec) -> dict:
     """spec.model.lora against the model, on its config alone (no weights read): the targets
     exist, an adapterPath is an adapter. The PEFT config, JSON-able (checkpoints keep it)."""
-    from transformers import AutoModelForCausalLM
-
     from grpo_trainer.model import model_config
+    from grpo_trainer.vision import auto_model_class
+    config = model_config(model_spec)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(model_config(model_spec),
-                                                 trust_remote_code=model_spec.trust_remote_code)
+        model = auto_model_class(config).from_config(config, trust_remote_code=model_spec.trust_remote_code)
     check_targets(model, model_spec.lora)
     return config_to_dict(lora_config(model_spec))
