@@ -17,13 +17,15 @@ real engine, and the real `lookup` tool. Measured: wall time of 32 prompts x n=8
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
+
+import bench_common
+from bench_common import bench_parser
 
 
 def model_with_tool_tokenizer(model_dir: Path, out: Path) -> Path:
@@ -79,11 +81,7 @@ class ScriptedCallEngine:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--workdir", default="/tmp/grpo-bench")
-    ap.add_argument("--results", default=None)
-    ap.add_argument("--log-dir", default=None)
-    ap.add_argument("--tiny", action="store_true")
+    ap = bench_parser(__doc__)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--turn-tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=2)
@@ -127,13 +125,8 @@ def main(argv=None) -> int:
     rows = []
 
     def emit(row):
-        row = {"bench": "agent_loop", "engine": "vllm" if gpu else "hf", "prompts": prompts_n, "n": n,
-               "prompt_len": prompt_len, **row}
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        if args.results:
-            with open(args.results, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        rows.append(bench_common.emit(args, "agent_loop", engine="vllm" if gpu else "hf", prompts=prompts_n, n=n,
+                                      prompt_len=prompt_len, **row))
 
     params = SamplingParams(n=n, max_tokens=model_tokens, temperature=1.0)
     engine.generate([p.prompt_ids for p in prompts[:2]], replace(params, max_tokens=4))      # warm-up

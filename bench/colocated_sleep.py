@@ -34,7 +34,6 @@ go to --results; nothing here was run on this branch yet (the device runs it).
 
 from __future__ import annotations
 
-import argparse
 import secrets
 import sys
 import threading
@@ -42,6 +41,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import bench_parser  # noqa: E402
 import h200_bench as hb  # noqa: E402  (the workload, the server launcher, emit)
 
 PHASES = ("offload", "generate", "sleep", "onload", "update", "wake", "sync")
@@ -158,11 +158,8 @@ def run(args) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = bench_parser(__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=["fixed", "sleep"], required=True)
-    p.add_argument("--workdir", default="/tmp/grpo-bench")
-    p.add_argument("--results", default="/tmp/grpo-bench/results.jsonl")
-    p.add_argument("--log-dir", default="/tmp/grpo-bench")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.35)
@@ -170,7 +167,6 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=16384, help="trainer.maxTokensPerGPU")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a job override")
     args = p.parse_args(argv)
-    args.tiny = False        # h200_bench's helpers read it
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     run(args)
     return 0

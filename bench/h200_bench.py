@@ -25,7 +25,6 @@ subcommand runs on a CPU in seconds (the local check before the GPU run).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -33,6 +32,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from bench_common import bench_parser, emit  # noqa: F401  (emit: the other bench scripts call hb.emit)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -55,14 +56,6 @@ def workload(args) -> dict:
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def emit(args, name: str, **data) -> None:
-    rec = {"bench": name, "tiny": bool(args.tiny), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **data}
-    line = json.dumps(rec, default=float)
-    print("RESULT " + line, flush=True)
-    with open(args.results, "a") as f:
-        f.write(line + "\n")
 
 
 def device():
@@ -765,12 +758,8 @@ def main(argv=None) -> int:
     if os.environ.get("BENCH_DUMP_S"):     # where a phase that times out spends its time
         import faulthandler
         faulthandler.dump_traceback_later(int(os.environ["BENCH_DUMP_S"]), repeat=True)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = bench_parser(__doc__)
     p.add_argument("command", choices=["build", "matmul", "train", "gen", "sync", "storage", "step", "trl"])
-    p.add_argument("--tiny", action="store_true", help="tiny sizes, runs on CPU in seconds")
-    p.add_argument("--workdir", default="/tmp/grpo-bench")
-    p.add_argument("--results", default="/tmp/grpo-bench/results.jsonl")
-    p.add_argument("--log-dir", default="/tmp/grpo-bench")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--reps", type=int, default=1)

@@ -15,7 +15,6 @@ bf16 (EOS suppressed, so every response is max_tokens long):
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from bench_common import bench_parser  # noqa: E402
 import h200_bench as hb  # noqa: E402  (the bench's workload, prompts and results format)
 
 
@@ -48,14 +48,10 @@ def timed(engine, prompts, params, dev) -> tuple[float, list]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workdir", default="/tmp/grpo-bench")
-    p.add_argument("--results", default="/tmp/grpo-bench/results.jsonl")
-    p.add_argument("--log-dir", default="/tmp/grpo-bench")
+    p = bench_parser(__doc__)
     p.add_argument("--previous", default=None, help="the previous engine's hf_engine.py")
     p.add_argument("--previous-greedy-only", action="store_true",
                    help="the previous engine only in the greedy comparison (its timings are known)")
-    p.add_argument("--tiny", action="store_true")
     args = p.parse_args()
     import torch
     from grpo_rollout.engine import SamplingParams

@@ -14,11 +14,12 @@ One JSON line per result on stdout (and appended to --results); bench/RESULTS.md
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import tempfile
 import time
+
+import bench_common
+from bench_common import bench_parser
 
 QWEN3_1_7B = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
                   num_key_value_heads=8, head_dim=128, max_position_embeddings=4096, tie_word_embeddings=True)
@@ -52,19 +53,13 @@ def items(n: int, response_tokens: int, seed: int = 0):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--tiny", action="store_true")
+    global _ARGS
+    p = bench_parser(__doc__)
     p.add_argument("--n", type=int, default=256)
     p.add_argument("--response-tokens", type=int, default=512)
     p.add_argument("--judge", action="store_true")
     p.add_argument("--judge-new-tokens", type=int, default=64)
-    p.add_argument("--results", default=None)
-    p.add_argument("--workdir", default=None)      # h200_run.sh passes these two; the model goes to a temp dir
-    p.add_argument("--log-dir", default=None)
-    args = p.parse_args()
-    if args.results:
-        global print_row
-        print_row = _appending(args.results)
+    args = _ARGS = p.parse_args()     # --workdir is not used: the model goes to a temp dir
     if args.judge:
         return judge(args)
     import torch
@@ -122,17 +117,11 @@ def main() -> None:
     print_row({"what": "total", "seconds": round(time.perf_counter() - t0, 1)})
 
 
+_ARGS = None     # main's arguments: where print_row's results go
+
+
 def print_row(row: dict) -> None:
-    print(json.dumps(row), flush=True)
-
-
-def _appending(path: str):
-    def emit(row: dict) -> None:
-        row = {"bench": "reward_model", **row}
-        print(json.dumps(row), flush=True)
-        with open(path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-    return emit
+    bench_common.emit(_ARGS, "reward_model", **row)
 
 
 JUDGE_TEMPLATE = ("Rate how well the response answers the question, from 0 to 10.\n\nQuestion: {prompt}\n\n"

@@ -15,7 +15,6 @@ new tokens, temperature 1):
 
 from __future__ import annotations
 
-import argparse
 import os
 import secrets
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from bench_common import bench_parser  # noqa: E402
 import h200_bench as hb  # noqa: E402
 from vllm_check import Client, prompt_rows, write_job  # noqa: E402
 
@@ -71,12 +71,8 @@ def busiest(before: dict, after: dict, top: int = 10) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tiny", action="store_true")
+    p = bench_parser(__doc__)
     p.add_argument("--engine", default="vllm", choices=["vllm", "hf"])
-    p.add_argument("--workdir", default="/tmp/grpo-bench")
-    p.add_argument("--results", default="/tmp/grpo-bench/results.jsonl")
-    p.add_argument("--log-dir", default="/tmp/grpo-bench")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.35)
     args = p.parse_args(argv)
 

@@ -16,18 +16,15 @@ noise (max and mean |d|), else a variant computes something else.
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from pathlib import Path
 
+import bench_common
+from bench_common import bench_parser
+
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--workdir", default="/tmp/grpo-bench")
-    ap.add_argument("--results", default=None)
-    ap.add_argument("--log-dir", default=None)
-    ap.add_argument("--tiny", action="store_true")
+    ap = bench_parser(__doc__)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--response", type=int, default=512)
@@ -40,11 +37,7 @@ def main(argv=None) -> int:
     from vl_vllm_check import build_model, noise_png
 
     def emit(row):
-        row = {"bench": "vl_update", **row}
-        print(json.dumps(row), flush=True)
-        if args.results:
-            with open(args.results, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        bench_common.emit(args, "vl_update", **row)
 
     started = time.monotonic()
     model, tok, image_processor, _ = build_model(Path(args.workdir) / "vl-update-model", args.tiny)

@@ -21,12 +21,13 @@ grpo_rollout.tiny_vl's task) and writes the workdir's job.yaml, for bench/h200_b
 
 from __future__ import annotations
 
-import argparse
 import io
-import json
 import subprocess
 import time
 from pathlib import Path
+
+import bench_common
+from bench_common import bench_parser
 
 SHAPE_3B = dict(
     text=dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
@@ -99,16 +100,12 @@ def write_job(args) -> int:
     job["spec"]["data"].update(imageKey="images", maxPromptLength=512)
     job["spec"]["trainer"]["maxTokensPerGPU"] = max(job["spec"]["trainer"]["maxTokensPerGPU"], 1024)
     (out / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
-    print(json.dumps({"bench": "vl_vllm", "phase": "write-job", "seconds": round(time.monotonic() - started, 1)}))
+    bench_common.emit(args, "vl_vllm", phase="write-job", seconds=round(time.monotonic() - started, 1))
     return 0
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--workdir", default="/tmp/grpo-bench")
-    ap.add_argument("--results", default=None)
-    ap.add_argument("--log-dir", default=None)
-    ap.add_argument("--tiny", action="store_true")
+    ap = bench_parser(__doc__)
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--write-job", action="store_true")
     args = ap.parse_args(argv)
@@ -122,11 +119,7 @@ def main(argv=None) -> int:
     from grpo_trainer import vision
 
     def emit(row):
-        row = {"bench": "vl_vllm", **row}
-        print(json.dumps(row), flush=True)
-        if args.results:
-            with open(args.results, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        bench_common.emit(args, "vl_vllm", **row)
 
     out = Path(args.workdir) / "vl-model"
     started = time.monotonic()

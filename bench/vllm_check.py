@@ -26,6 +26,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from bench_common import bench_parser  # noqa: E402
 import h200_bench as hb  # noqa: E402
 
 
@@ -146,13 +147,8 @@ def ipc_layout(weights: dict, device):
 
 
 def main(argv=None) -> int:
-    import argparse
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tiny", action="store_true")
+    p = bench_parser(__doc__)
     p.add_argument("--engine", default="vllm", choices=["vllm", "hf"])
-    p.add_argument("--workdir", default="/tmp/grpo-bench")
-    p.add_argument("--results", default="/tmp/grpo-bench/results.jsonl")
-    p.add_argument("--log-dir", default="/tmp/grpo-bench")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.35)
     p.add_argument("--skip-eager", action="store_true", help="no second (eager) server")
     args = p.parse_args(argv)

@@ -13,20 +13,17 @@ weights, on the bench's Qwen3-1.7B-shaped model (bench/h200_bench.py `build`), i
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from pathlib import Path
+
+import bench_common
+from bench_common import bench_parser
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--workdir", default="/tmp/grpo-bench")
-    ap.add_argument("--results", default=None)
-    ap.add_argument("--log-dir", default=None)
-    ap.add_argument("--tiny", action="store_true")
+    ap = bench_parser(__doc__)
     ap.add_argument("--rank", type=int, default=64)
     args = ap.parse_args(argv)
 
@@ -37,11 +34,7 @@ def main(argv=None) -> int:
     from grpo_rollout.vllm_engine import VLLMEngine
 
     def emit(row):
-        row = {"bench": "vllm_lora", **row}
-        print(json.dumps(row), flush=True)
-        if args.results:
-            with open(args.results, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        bench_common.emit(args, "vllm_lora", **row)
 
     model_dir = Path(args.workdir) / "model"
     base = {}
