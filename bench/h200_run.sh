@@ -115,6 +115,9 @@ for phase in $PHASES; do
     vl-step)      RUN_W=$W-vl SCRIPT=bench/vl_vllm_check.py run vl-write-job 120 60 --write-job
                   RUN_W=$W-vl run vl-step 480 200 step --engine vllm --steps 2 --warmup 1 \
                     --gpu-memory-utilization 0.3 --label vl-3b $extra ;;
+    # Issue 47 item 3: FP8 rollouts on vLLM 0.26 (bench/fp8_rollout_check.py, bench/fp8_notes.md): generation
+    # bf16 / fp8 / fp8 + fp8 KV cache, and a bf16 weight sync re-quantized through vLLM's layerwise reload.
+    fp8-timing|fp8-refit) SCRIPT=bench/fp8_rollout_check.py run $phase 420 200 --parts ${phase#fp8-} $extra ;;
     # Issue 34 item 4: generation inside `grpo rollout` against the same engine called directly.
     server-gen)   SCRIPT=bench/server_gen_profile.py run server-gen 420 200 $extra ;;
     # Issue 34 item 5 (storage.compileCache): the trainer's first steps (hf engine: no vLLM carry)
