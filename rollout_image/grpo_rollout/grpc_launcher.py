@@ -134,7 +134,11 @@ def run_server(prog: str, args: argparse.Namespace, ready_prefix: str, start: Ca
                 **serving.ready, "pid": os.getpid(), "tls": tls is not None}
         print(ready_prefix + json.dumps(info), flush=True)
         log.info("%s", serving.message)
-        stop.wait()
+        # Timed: Python runs a signal's handler in the main thread, and when the kernel hands the
+        # signal to another thread (gRPC's, the reward pool's) an untimed wait never wakes to run it
+        # (a SIGTERM from the launcher's death, in tests/faults, left a server up for good).
+        while not stop.wait(1.0):
+            pass
         if serving.log_stop:
             log.info("stopping: letting running calls finish for %.0fs", args.grace)
     finally:

@@ -8,6 +8,7 @@ import signal
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
@@ -181,6 +182,29 @@ def test_sigterm_stops_the_server_gracefully(tmp_path, tiny_model):
     assert srv.proc.wait(30) == 0
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"{srv.metrics_url}/ready", timeout=2)
+    srv.stop()
+
+
+def test_sigterm_taken_by_another_thread_of_the_server_still_stops_it(tmp_path, tiny_model):
+    """The kernel gives a process-wide signal (kill, the launcher's death signal) to any thread
+    that doesn't block it, here one of gRPC's: Python runs the handler in the main thread, which
+    must wake up for it (an untimed wait there left the server up for good)."""
+    import ctypes
+    import os
+
+    srv = start_server(tmp_path, tiny_model, "t0k3n", worker_id="w-thread")
+    pid = srv.proc.pid
+
+    def takes_sigterm(tid: int) -> bool:
+        status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        blocked = int(status.split("SigBlk:")[1].split()[0], 16)
+        return not blocked & (1 << (signal.SIGTERM - 1))
+    tasks = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    others = {t: Path(f"/proc/{pid}/task/{t}/comm").read_text().strip() for t in tasks if t != pid and takes_sigterm(t)}
+    assert others, tasks
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(234, pid, max(others), signal.SIGTERM) == 0     # tgkill(2) on x86_64: to that thread alone
+    assert srv.proc.wait(30) == 0
     srv.stop()
 
 
