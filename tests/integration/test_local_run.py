@@ -37,6 +37,9 @@ RUN_DIR = Path("outputs") / "quickstart" / "tiny_qwen3_grpo"   # quickstart.yaml
 SHORT = ["trainer.testFreq=-1", "trainer.saveFreq=-1", "trainer.valBeforeTrain=false"]
 
 LEARN_STEPS = 60
+# The control's policy does not move: its reward is one distribution from step 1 on, so 2 x K steps
+# show its first and last K as well as 60 would (and leave the 2 cores to the learning runs).
+CONTROL_STEPS = 20
 K = 10                     # steps averaged at each end of the run
 CONTROL_LR = 1e-12         # trainer.lr must be > 0: this one moves no weight that matters
 # LoRA (issue 33): rank 32 of the tiny model's 64 dimensions (alpha 32: scale 1), lr 3e-3, and
@@ -59,12 +62,12 @@ def learning_runs(tmp_path_factory, grpo_cache):
     tmp = tmp_path_factory.mktemp("quickstart")
     # Both launchers start on an empty GRPO_CACHE (when this module runs first): they build the
     # builtin:// model and data at the same time, which must not corrupt either.
+    plans = (("learn", LEARN_STEPS, []), ("stale", LEARN_STEPS, ["rollout.maxStaleness=1"]),
+             ("ppo", LEARN_STEPS, ["algorithm.advEstimator=gae", "critic.lr=2e-3"]),
+             ("lora", LEARN_STEPS, LORA), ("control", CONTROL_STEPS, [f"trainer.lr={CONTROL_LR}"]))
     runs = {name: LauncherRun(QUICKSTART, _mkdir(tmp / name), grpo_cache,
-                              [*SHORT, f"trainer.totalSteps={LEARN_STEPS}", *extra])
-            for name, extra in (("learn", []), ("stale", ["rollout.maxStaleness=1"]),
-                                ("ppo", ["algorithm.advEstimator=gae", "critic.lr=2e-3"]),
-                                ("lora", LORA),
-                                ("control", [f"trainer.lr={CONTROL_LR}"]))}
+                              [*SHORT, f"trainer.totalSteps={steps}", *extra])
+            for name, steps, extra in plans}
     for name, run in runs.items():
         code = run.wait(900)
         assert code == 0, f"{name}: {run.log()[-6000:]}"
@@ -76,9 +79,9 @@ def _mkdir(path: Path) -> Path:
     return path
 
 
-def _reward_gain(run_dir: Path) -> tuple[float, float]:
+def _reward_gain(run_dir: Path, steps: int = LEARN_STEPS) -> tuple[float, float]:
     rows = read_metrics(run_dir)
-    assert [r["step"] for r in rows] == list(range(1, LEARN_STEPS + 1))
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
     reward = [r["critic/score/mean"] for r in rows]
     return statistics.fmean(reward[:K]), statistics.fmean(reward[-K:])
 
@@ -86,7 +89,7 @@ def _reward_gain(run_dir: Path) -> tuple[float, float]:
 @pytest.mark.parametrize("run", ["learn", "stale", "ppo", "lora"])
 def test_quickstart_reward_rises_beyond_a_no_learning_control(learning_runs, run):
     learn_first, learn_last = _reward_gain(learning_runs[run])
-    ctrl_first, ctrl_last = _reward_gain(learning_runs["control"])
+    ctrl_first, ctrl_last = _reward_gain(learning_runs["control"], CONTROL_STEPS)
     learn_gain, ctrl_gain = learn_last - learn_first, ctrl_last - ctrl_first
     detail = (f"{run} run {learn_first:.3f} -> {learn_last:.3f} (+{learn_gain:.3f}); "
               f"control (lr={CONTROL_LR}) {ctrl_first:.3f} -> {ctrl_last:.3f} ({ctrl_gain:+.3f})")

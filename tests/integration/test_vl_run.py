@@ -28,6 +28,7 @@ pytestmark = pytest.mark.integration
 
 LEARN_STEPS = 12           # measured: the mean reward 0.08 -> 0.53, the colours' accuracies summing to 2.03
 CONTROL_STEPS = 4
+LORA_STEPS = 8             # measured (lr 5e-3): the mean reward 0.08 -> 0.42, 0.68, 0.72 at steps 2-4, 0.75 at step 8
 
 
 def _job(tmp, name, model, train, *, lr, steps, lora=None):
@@ -76,7 +77,7 @@ def lora_runs(tmp_path_factory):
     train, _ = write_colour_dataset(tmp / "data")
     lora = {"rank": 16, "alpha": 32, "excludeModules": ".*visual.*"}
     roots = {"model": model}
-    for name, lr, steps in (("lora-learn", 5e-3, LEARN_STEPS), ("lora-control", 0.0, CONTROL_STEPS)):
+    for name, lr, steps in (("lora-learn", 5e-3, LORA_STEPS), ("lora-control", 0.0, CONTROL_STEPS)):
         code, log = run_grpo(_job(tmp, name, model, train, lr=lr, steps=steps, lora=lora), tmp / name,
                              tmp / "cache", [], timeout=1200)
         assert code == 0, log[-6000:]
@@ -205,11 +206,11 @@ def test_lora_on_the_vl_model_learns_the_task_that_needs_its_images(lora_runs):
     late = statistics.mean(scores[-3:])
     detail = f"LoRA run {scores[0]:.3f} -> {late:.3f}; control (lr=0) {control:.3f}"
     assert late > 0.35 and late > control + 0.2, detail
-    assert sum(_accuracy_by_colour(lora_runs["lora-learn"], LEARN_STEPS).values()) > 1.3, detail
+    assert sum(_accuracy_by_colour(lora_runs["lora-learn"], LORA_STEPS).values()) > 1.3, detail
     kl = [m["actor/kl_loss"] for m in learned]
     assert kl[0] == 0.0 and max(kl[1:]) > 1e-3, kl          # step 1: the policy is the reference (B = 0)
 
-    export = lora_runs["lora-learn"] / "hf" / f"step-{LEARN_STEPS}"
+    export = lora_runs["lora-learn"] / "hf" / f"step-{LORA_STEPS}"
     merged = AutoModelForImageTextToText.from_pretrained(export).eval()
     base = AutoModelForImageTextToText.from_pretrained(lora_runs["model"]).eval()
     trained, initial = merged.state_dict(), base.state_dict()
