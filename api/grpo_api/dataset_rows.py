@@ -130,13 +130,15 @@ def check_local_dataset(path: str, data: DataSpec, reward: RewardSpec | None) ->
     server); returns the ground-truth warning, if any. Only the columns checked are read."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    from grpo_api.storage import read_parquet
     try:
         names = pq.read_schema(path).names
     except (OSError, pa.ArrowInvalid) as exc:
         raise DataError(f"{path}: can't read as parquet: {exc}") from None
     check_columns(names, path, data)
     columns = [c for c in (data.prompt_key, *REQUIRED_COLUMNS, data.image_key, VIDEO_COLUMN) if c in names]
-    records = pq.read_table(path, columns=columns).to_pylist()
+    records = read_parquet(path, columns=columns).to_pylist()
     for row, rec in enumerate(records):
         check_row(rec, row, path, data)
     return ground_truth_warning(path, records, reward)

@@ -52,9 +52,11 @@ def check_local_images(path: str | Path, key: str) -> None:
     and image otherwise. A file without the column has nothing to check; images given by path
     are the trainer's to read."""
     import pyarrow.parquet as pq
+
+    from grpo_api.storage import read_parquet
     if key not in pq.read_schema(path).names:
         return
-    for row, images in enumerate(pq.read_table(path, columns=[key]).column(key).to_pylist()):
+    for row, images in enumerate(read_parquet(path, columns=[key]).column(key).to_pylist()):
         for k, image in enumerate(images or []):
             data = image.get("bytes") if isinstance(image, dict) else None
             if data:

@@ -225,7 +225,7 @@ class Storage:
     def read_table(self, uri: str, schema: pa.Schema | None = None) -> pa.Table:
         """Read a parquet file; with `schema`, columns are selected and cast to it, and a missing
         column is a ValueError naming it."""
-        table = pq.read_table(pa.BufferReader(self.read_bytes(uri)))
+        table = read_parquet(pa.BufferReader(self.read_bytes(uri)))
         if schema is None:
             return table
         missing = [f.name for f in schema if f.name not in table.column_names]
@@ -313,6 +313,15 @@ def _write_local_atomic(path: str, data: bytes) -> None:
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def read_parquet(source, columns: list[str] | None = None) -> pa.Table:
+    """Every parquet read of the project: without Arrow's thread pool. A process that exits soon
+    after a threaded read can abort at exit (`terminate called without an active exception`,
+    SIGABRT: apache/arrow#39862); CI saw `grpo rollouts export` do it, and a third of short
+    processes reading six shards did (tests/api/test_storage.py), none without threads. Our files are shards and datasets read once, where
+    parallel decoding gains little."""
+    return pq.read_table(source, columns=columns, use_threads=False)
 
 
 class _ObjectChanged(OSError):

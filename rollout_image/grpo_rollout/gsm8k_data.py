@@ -19,6 +19,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from grpo_api.storage import read_parquet
+
 DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 SPLITS = ("train", "test")
@@ -68,7 +70,7 @@ def convert_rows(records: list[dict], split: str, source: str = "input") -> list
 
 def _read_raw(path: Path) -> list[dict]:
     try:
-        table = pq.read_table(path)
+        table = read_parquet(path)
     except (OSError, pa.ArrowInvalid) as exc:
         raise GSM8KDataError(f"{path}: can't read as parquet: {exc}") from None
     if "question" not in table.column_names or "answer" not in table.column_names:
