@@ -319,8 +319,8 @@ def read_parquet(source, columns: list[str] | None = None) -> pa.Table:
     """Every parquet read of the project: without Arrow's thread pool. A process that exits soon
     after a threaded read can abort at exit (`terminate called without an active exception`,
     SIGABRT: apache/arrow#39862); CI saw `grpo rollouts export` do it, and a third of short
-    processes reading six shards did (tests/api/test_storage.py), none without threads. Our files are shards and datasets read once, where
-    parallel decoding gains little."""
+    processes reading six shards did (tests/api/test_storage.py), none without threads. Our
+    files are shards and datasets, read once: parallel decoding gains little there."""
     return pq.read_table(source, columns=columns, use_threads=False)
 
 
