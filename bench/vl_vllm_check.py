@@ -1,6 +1,6 @@
 """Issue 45 items 3 and 8: vLLM's multimodal inputs (grpo_rollout.vllm_engine with images) on a
 Qwen2.5-VL-3B-shaped random model (36 layers x 2048, a 32-block vision tower, vocabulary 151936;
-tokenizer and processor from grpo_rollout.tiny_vl), on one GPU:
+tokenizer and processor from grpo_rollout.tiny_vl; --shape: Qwen3-VL's 2B and 8B too), on one GPU:
 
 1. correctness: prompts built as the trainer builds them (the chat template, each image's
    placeholder widened by grpo_trainer.vision.expand_image_tokens) generate on vLLM with their
@@ -29,31 +29,54 @@ from pathlib import Path
 import bench_common
 from bench_common import bench_parser
 
-SHAPE_3B = dict(
-    text=dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
-              num_key_value_heads=2, max_position_embeddings=32768, vocab_size=151936, tie_word_embeddings=True,
-              rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]}),
-    vision=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
-                fullatt_block_indexes=[7, 15, 23, 31], window_size=112, patch_size=14, spatial_merge_size=2,
-                temporal_patch_size=2))
+# Random models of the published shapes: (tiny_vl architecture, text and vision config overrides).
+# Qwen3-VL's from torchtitan's qwen3_vl experiment configs (2B: Qwen3-1.7B's text model, 8B: Qwen3-8B's).
+_QWEN3_VL_ROPE = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [24, 20, 20], "mrope_interleaved": True}
+SHAPES = {
+    "qwen2.5-vl-3b": ("qwen2.5-vl", dict(
+        text=dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+                  num_key_value_heads=2, max_position_embeddings=32768, vocab_size=151936, tie_word_embeddings=True,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]}),
+        vision=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
+                    fullatt_block_indexes=[7, 15, 23, 31], window_size=112, patch_size=14, spatial_merge_size=2,
+                    temporal_patch_size=2))),
+    "qwen3-vl-2b": ("qwen3-vl", dict(
+        text=dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                  num_key_value_heads=8, head_dim=128, max_position_embeddings=32768, vocab_size=151936,
+                  tie_word_embeddings=True, rope_parameters=_QWEN3_VL_ROPE),
+        vision=dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, out_hidden_size=2048,
+                    patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
+                    deepstack_visual_indexes=[5, 11, 17]))),
+    "qwen3-vl-8b": ("qwen3-vl", dict(
+        text=dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                  num_key_value_heads=8, head_dim=128, max_position_embeddings=32768, vocab_size=151936,
+                  tie_word_embeddings=False, rope_parameters=_QWEN3_VL_ROPE),
+        vision=dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=4096,
+                    patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
+                    deepstack_visual_indexes=[8, 16, 24]))),
+}
 IMAGE_PIXELS = 448
 
 
-def build_model(out: Path, tiny: bool):
-    """The shaped random Qwen2.5-VL in bf16 on the GPU, saved with the tiny tokenizer and a full
-    processor (vLLM loads AutoProcessor); returns the model (kept for the reference forward)."""
+def build_model(out: Path, tiny: bool, shape_name: str = "qwen2.5-vl-3b"):
+    """The shaped random VL model (SHAPES; --tiny: tiny_vl's sizes of its architecture) in bf16 on
+    the GPU, saved with the tiny tokenizer and a full processor (vLLM loads AutoProcessor); returns
+    the model (kept for the reference forward)."""
     import torch
     import transformers
 
     from grpo_rollout import tiny_vl
-    tok, images = tiny_vl.build_processor()
+    arch, shape = SHAPES[shape_name]
+    tok, images = tiny_vl.build_processor(arch=arch)
     images.size = {"shortest_edge": 56 * 56, "longest_edge": IMAGE_PIXELS * IMAGE_PIXELS}   # 448 x 448 kept whole
-    shape = {"text": {}, "vision": {}} if tiny else SHAPE_3B
-    config = tiny_vl.vl_config(tok, text={"vocab_size": 151936, **shape["text"]}, vision=shape["vision"],
+    shape = {"text": {}, "vision": {}} if tiny else shape
+    config = tiny_vl.vl_config(tok, arch, text={"vocab_size": 151936, **shape["text"]}, vision=shape["vision"],
                                dtype="bfloat16")
+    model_class = (transformers.Qwen3VLForConditionalGeneration if arch == "qwen3-vl"
+                   else transformers.Qwen2_5_VLForConditionalGeneration)
     torch.manual_seed(0)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = transformers.Qwen2_5_VLForConditionalGeneration(config).to(torch.bfloat16).eval()
+        model = model_class(config).to(torch.bfloat16).eval()
     model.save_pretrained(out)
     tok.save_pretrained(out)
     images.save_pretrained(out)
@@ -89,7 +112,7 @@ def write_job(args) -> int:
     from h200_bench import job_dict, workload
     out = Path(args.workdir)
     started = time.monotonic()
-    build_model(out / "model", args.tiny)
+    build_model(out / "model", args.tiny, args.shape)
     colours = sorted(tiny_vl.COLOURS)
     rows = [{"data_source": tiny_vl.DATA_SOURCE, "prompt": [{"role": "user", "content": tiny_vl.QUESTION}],
              "images": [{"bytes": tiny_vl.colour_png(colours[i % 4], size=IMAGE_PIXELS), "path": None}],
@@ -108,6 +131,7 @@ def main(argv=None) -> int:
     ap = bench_parser(__doc__)
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--write-job", action="store_true")
+    ap.add_argument("--shape", choices=SHAPES, default="qwen2.5-vl-3b", help="the random model's shape")
     args = ap.parse_args(argv)
     if args.write_job:
         return write_job(args)
@@ -123,7 +147,7 @@ def main(argv=None) -> int:
 
     out = Path(args.workdir) / "vl-model"
     started = time.monotonic()
-    model, tok, image_processor, processor_class = build_model(out, args.tiny)
+    model, tok, image_processor, processor_class = build_model(out, args.tiny, args.shape)
     emit({"phase": "build", "seconds": round(time.monotonic() - started, 1), "processor": processor_class,
           "parameters": sum(p.numel() for p in model.parameters())})
 
