@@ -37,5 +37,6 @@ install_prometheus() {
 command -v prometheus >/dev/null || install_prometheus \
   || echo "warning: could not install prometheus (the dashboard test will fail)" >&2
 export GRPO_REQUIRE_CONTROLPLANE=1 GRPO_REQUIRE_S3=1 GRPO_REQUIRE_PROMETHEUS=1 GRPO_REQUIRE_E2E=1
-# The slowest tests are listed (the suite has a time budget: keep an eye on them).
-python -m pytest -ra --durations=25 "$@"
+# The slowest tests are listed (the suite has a time budget: keep an eye on them); every test's
+# time is kept in the cache's last-run.xml (JUnit XML) for finding what to make faster.
+python -m pytest -ra --durations=25 --junitxml="${GRPO_CACHE:-$HOME/.cache/grpo-operator}/last-run.xml" "$@"
