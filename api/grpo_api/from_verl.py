@@ -961,7 +961,7 @@ RULES: tuple[Rule, ...] = (
     Map("trainer.n_gpus_per_node", "trainer.nprocPerNode", "GPUs per node, shared by the trainer and the colocated "
         "rollout servers (verl's hybrid engine)",
         absent=8),
-    Refuse("trainer.device", "the trainer runs on cuda (or cpu for tests)", ok=("cuda", None)),
+    Refuse("trainer.device", "only cuda translates (npu is not supported; a CPU run leaves it out: spec.trainer.device auto picks the CPU where there is no GPU)", ok=("cuda", None)),
     Map("trainer.total_epochs", "trainer.totalEpochs", absent=30),
     Map("trainer.total_training_steps", "trainer.totalSteps"),
     Map("trainer.test_freq", "trainer.testFreq", "<= 0 = never", _freq),
