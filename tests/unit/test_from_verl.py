@@ -448,7 +448,7 @@ def test_warmup_ratios_map_unless_steps_override_them_as_in_verl():
                                                                                "applied"),
     ("trainer.resume_from_checkpoint=./outputs/gsm8k_grpo_demo/qwen3_8b_grpo/checkpoint_2",   # the tutorial's
      "trainer.resume_from_checkpoint='./outputs/gsm8k_grpo_demo/qwen3_8b_grpo/checkpoint_2': not a verl key"),
-    ("trainer.device=npu", "trainer.device='npu': the trainer runs on cuda"),
+    ("trainer.device=npu", "trainer.device='npu': only cuda translates (npu is not supported"),
 ])
 def test_features_we_do_not_have_are_errors(override, message, tmp_path, monkeypatch, capsys):
     out_file = tmp_path / "job.yaml"
