@@ -316,12 +316,15 @@ def _write_local_atomic(path: str, data: bytes) -> None:
 
 
 def read_parquet(source, columns: list[str] | None = None) -> pa.Table:
-    """Every parquet read of the project: without Arrow's thread pool. A process that exits soon
-    after a threaded read can abort at exit (`terminate called without an active exception`,
-    SIGABRT: apache/arrow#39862); CI saw `grpo rollouts export` do it, and a third of short
-    processes reading six shards did (tests/api/test_storage.py), none without threads. Our
-    files are shards and datasets, read once: parallel decoding gains little there."""
-    return pq.read_table(source, columns=columns, use_threads=False)
+    """Every parquet read of the project, on the calling thread alone. A process that exits soon
+    after a read that started Arrow's pool threads can abort at exit (`terminate called without
+    an active exception`, SIGABRT: apache/arrow#39862); CI saw `grpo rollouts export` do it. With
+    `use_threads=False` alone `read_table` still pre-buffers on Arrow's IO pool, and one short
+    process in 30 still aborted in a loaded CI run (tests/api/test_storage.py); without
+    pre-buffering the read starts no thread. Our files are shards and datasets, read once:
+    parallel decoding gains little there."""
+    with pq.ParquetFile(source, pre_buffer=False) as parquet_file:
+        return parquet_file.read(columns=columns, use_threads=False)
 
 
 class _ObjectChanged(OSError):

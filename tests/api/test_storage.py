@@ -68,7 +68,9 @@ for _ in range(6):
 def test_a_short_process_that_reads_shards_exits_cleanly(tmp_path):
     """`grpo rollouts export` exited -6 after writing its output (CI, twice): a process that ends
     soon after a threaded parquet read can abort at exit (apache/arrow#39862). This test with the
-    reads threaded: 8, 8 and 10 of 30 processes aborted (idle 2-core machine); unthreaded: 0."""
+    reads threaded: 8, 8 and 10 of 30 processes aborted (idle 2-core machine); with
+    `use_threads=False` alone (IO pool still pre-buffering) 1 of 30 in a loaded CI run; with no
+    Arrow thread at all 0 of 200 with both cores busy."""
     shard = tmp_path / "shard.parquet"
     Storage().write_table(str(shard), rollout_shard())
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
