@@ -1,6 +1,6 @@
 """Issue 45 items 3 and 8: vLLM's multimodal inputs (grpo_rollout.vllm_engine with images) on a
 Qwen2.5-VL-3B-shaped random model (36 layers x 2048, a 32-block vision tower, vocabulary 151936;
-tokenizer and processor from grpo_rollout.tiny_vl; --shape: Qwen3-VL's 2B and 8B too), on one GPU:
+tokenizer and processor from grpo_rollout.tiny_vl; --shape: Qwen2.5-VL-7B (8.29 B), Qwen3-VL's 2B and 8B too), on one GPU:
 
 1. correctness: prompts built as the trainer builds them (the chat template, each image's
    placeholder widened by grpo_trainer.vision.expand_image_tokens) generate on vLLM with their
@@ -38,6 +38,14 @@ SHAPES = {
                   num_key_value_heads=2, max_position_embeddings=32768, vocab_size=151936, tie_word_embeddings=True,
                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]}),
         vision=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
+                    fullatt_block_indexes=[7, 15, 23, 31], window_size=112, patch_size=14, spatial_merge_size=2,
+                    temporal_patch_size=2))),
+    # verl's geo3k LoRA script's model (Qwen2.5-VL-7B-Instruct's config.json).
+    "qwen2.5-vl-7b": ("qwen2.5-vl", dict(
+        text=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                  num_key_value_heads=4, max_position_embeddings=128000, vocab_size=152064, tie_word_embeddings=False,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]}),
+        vision=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
                     fullatt_block_indexes=[7, 15, 23, 31], window_size=112, patch_size=14, spatial_merge_size=2,
                     temporal_patch_size=2))),
     "qwen3-vl-2b": ("qwen3-vl", dict(

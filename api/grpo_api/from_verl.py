@@ -588,6 +588,14 @@ def _model_path(value, ctx):
     return value
 
 
+def _quantization(value, ctx):
+    if _nullish(value):
+        return SKIP
+    return _choice({"fp8": "fp8"}, {"torchao": "torchao quantized rollout is not supported (fp8 is)",
+                                    "ascend": "Ascend quantized rollout is not supported (fp8 on vLLM is)"},
+                   "rollout quantization")(value, ctx)
+
+
 _rollout_engine = _choice({"vllm": "vllm", "hf": "hf"}, {"sglang": "SGLang rollout is not supported; use vllm",
                                                      "trtllm": "TensorRT-LLM rollout is not supported; use vllm"},
                           "rollout engine")
@@ -856,8 +864,10 @@ RULES: tuple[Rule, ...] = (
     Refuse("actor_rollout_ref.rollout.ignore_eos", "generation stops at EOS here", ok=(False,)),
     Ignore("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", _MICRO_LOGPROB),
     Ignore("actor_rollout_ref.rollout.mode", "rollout servers are always separate, asynchronous vLLM servers"),
-    Refuse("actor_rollout_ref.rollout.quantization", "quantized rollout (e.g. fp8) is not supported: the rollout "
-           "servers generate in model.dtype", ok=(None, "None", "none")),
+    Map("actor_rollout_ref.rollout.quantization", "rollout.quantization", "fp8: the same scheme (128x128 weight "
+        "blocks, dynamic activations; training in model.dtype); torchao and ascend are errors", _quantization),
+    Refuse("actor_rollout_ref.rollout.quantization_config_file", "a quantization config file is not read here: "
+           "rollout.quantization fp8 is verl's block scheme, with no other settings", ok=(None, "None", "none")),
     Ignore("actor_rollout_ref.rollout.*", _VLLM_KNOB),
     # verl's hybrid engine (its only mode): the rollout on the training GPUs, asleep while they train
     Map("actor_rollout_ref.hybrid_engine", "rollout.placement", "True: colocated, the trainer pods run the "

@@ -484,6 +484,8 @@ class RolloutSpec(_Model):
     """vLLM scheduler token budget (verl: rollout.max_num_batched_tokens)."""
     enforce_eager: bool = False
     """Disable CUDA graphs in vLLM (verl: rollout.enforce_eager)."""
+    quantization: Literal["fp8"] | None = None
+    """fp8: vLLM generates with FP8 weights, quantized in 128x128 blocks (dynamic FP8 activations) at its start and again at every weight sync, verl's FP8 rollout scheme (vLLM's fp8_per_block); training stays in model.dtype. Faster decoding, but the rollouts come from a policy a little off the trainer's: verl's FP8 guide pairs it with token-level TIS (algorithm.rolloutCorrection.rolloutIs token). vllm engine only (verl: rollout.quantization)."""
     max_staleness: int = Field(default=0, ge=0, le=1)
     """Policy versions a rollout may lag behind training. 0: each step generates with the latest weights, then trains (synchronous). 1: step t+1's rollouts are generated while step t trains (verl's one-step-off-policy, AReaL), so they come from the policy one update behind; the PPO ratio then uses the rollout's behaviour logprobs as the old policy."""
     calculate_log_probs: bool = False
@@ -1019,6 +1021,13 @@ def _multi_turn_needs_tools(s: GRPOJobSpec) -> str | None:
     return None
 
 
+def _quantization_needs_vllm(s: GRPOJobSpec) -> str | None:
+    if s.rollout.quantization is not None and s.rollout.engine != "vllm":
+        return (f"{s.rollout.quantization} rollouts need rollout.engine vllm (the hf engine generates in "
+                f"model.dtype) (got engine {s.rollout.engine})")
+    return None
+
+
 def _offload_needs_colocated(s: GRPOJobSpec) -> str | None:
     t = s.trainer
     if (t.param_offload or t.optimizer_offload) and not (s.colocated and s.rollout.max_staleness == 0):
@@ -1051,6 +1060,11 @@ _GROUP_LIST = "[" + ", ".join(f"'{e}'" for e in GROUP_ESTIMATORS) + "]"
 _SEQUENCE_LOSS_LIST = "[" + ", ".join(f"'{e}'" for e in SEQUENCE_LOSSES) + "]"
 
 CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
+    CrossFieldRule(
+        "rollout.quantization",
+        "!has(self.rollout.quantization) || self.rollout.engine == 'vllm'",
+        "rollout.quantization needs rollout.engine vllm",
+        _quantization_needs_vllm),
     CrossFieldRule(
         "trainer.paramOffload",
         "!(self.trainer.paramOffload || self.trainer.optimizerOffload) || "

@@ -116,6 +116,11 @@ class Engine(ABC):
     """It applies LoRA adapters itself (`load_lora_adapters`), so a LoRA policy's trainer sends
     it the adapters alone; otherwise the merged weights (rollout.proto's Info)."""
 
+    loads_whole_versions: bool = False
+    """`load_weights` must get a version's every tensor in one call (vLLM with FP8 rollouts
+    quantizes each layer again once all its shards are in, and a bucket may hold part of a
+    layer): the weight receiver keeps the buckets until the last one is in."""
+
     @abstractmethod
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[Sample]]:
         """`params.n` samples for each prompt, in prompt order."""

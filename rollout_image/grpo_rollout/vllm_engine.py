@@ -60,6 +60,9 @@ from grpo_rollout.engine import Engine, EngineInfo, LoraAdapter, Sample, Samplin
 VLLM_VERSIONS = "0.26."
 """The vLLM releases this adapter runs with (a prefix of vllm.__version__)."""
 EXTENSION = "grpo_rollout.vllm_engine.WeightLoaderExtension"
+VLLM_QUANTIZATION = {"fp8": "fp8_per_block"}
+"""spec.rollout.quantization -> vLLM's `quantization`: verl's FP8 scheme (128x128 weight blocks,
+dynamic activations) is vLLM 0.26's online fp8_per_block."""
 
 # (name, shape, dtype, offset, nbytes): plain values, so vLLM's RPC serializer passes them as is.
 TensorEntry = tuple[str, list[int], str, int, int]
@@ -67,7 +70,8 @@ TensorEntry = tuple[str, list[int], str, int, int]
 
 def llm_kwargs(model_path: str, *, dtype: str, seed: int, tokenizer_path: str | None, trust_remote_code: bool,
                tensor_parallel_size: int, gpu_memory_utilization: float, max_model_len: int | None,
-               enforce_eager: bool, max_num_batched_tokens: int | None) -> dict[str, Any]:
+               enforce_eager: bool, max_num_batched_tokens: int | None,
+               quantization: str | None = None) -> dict[str, Any]:
     kwargs = dict(
         model=model_path, tokenizer=tokenizer_path or model_path, dtype=dtype, seed=seed,
         trust_remote_code=trust_remote_code, tensor_parallel_size=tensor_parallel_size,
@@ -78,6 +82,8 @@ def llm_kwargs(model_path: str, *, dtype: str, seed: int, tokenizer_path: str | 
         kwargs["max_model_len"] = max_model_len
     if max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = max_num_batched_tokens
+    if quantization is not None:
+        kwargs["quantization"] = VLLM_QUANTIZATION[quantization]
     return kwargs
 
 
@@ -266,26 +272,38 @@ class WeightLoaderExtension:
     """Mixed into vLLM's GPU worker (worker_extension_cls); its methods run in every worker
     process through `LLM.collective_rpc`."""
 
-    def _load(self, weights: list[tuple[str, torch.Tensor]]) -> None:
-        """The model's own load_weights, with the names of LoRA-wrapped layers mapped (lora_base_names)."""
-        model = self.model_runner.model
+    def _load(self, weights: list[tuple[str, torch.Tensor]], requantize: bool = False) -> None:
+        """The model's own load_weights, with the names of LoRA-wrapped layers mapped (lora_base_names).
+        requantize (a quantized engine, which takes a whole version in one call): inside vLLM's
+        layerwise reload, which puts each layer back in checkpoint layout, takes the model.dtype
+        weights and quantizes the layer again, with its first load's code, into the same storage
+        (captured CUDA graphs read it) once all its shards are in. A bare load_weights fails on the
+        transposed FP8 weights (bench/RESULTS.md, "FP8 rollouts on vLLM 0.26")."""
+        model = self.model_runner.get_model()     # under the CUDA-graph wrapper, if any
         if not hasattr(self, "_grpo_names"):
             self._grpo_names = ([n for n, _ in model.named_parameters()], getattr(model, "packed_modules_mapping", {}))
         params, packed = self._grpo_names
         renamed = lora_base_names([n for n, _ in weights], params, packed)
-        model.load_weights(weights=[(renamed.get(n, n), t) for n, t in weights] if renamed else weights)
+        weights = [(renamed.get(n, n), t) for n, t in weights] if renamed else weights
+        if not requantize:
+            model.load_weights(weights=weights)
+            return
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+        initialize_layerwise_reload(model)
+        model.load_weights(weights=weights)
+        finalize_layerwise_reload(model, self.model_runner.model_config)
 
-    def grpo_load_weights(self, data: bytes, entries: list[TensorEntry]) -> int:
+    def grpo_load_weights(self, data: bytes, entries: list[TensorEntry], requantize: bool = False) -> int:
         weights = unpack_tensors(data, entries, self.device)
-        self._load(weights)
+        self._load(weights, requantize)
         return len(weights)
 
-    def grpo_load_ipc(self, ipc: tuple, entries: list, keep: bool) -> int:
+    def grpo_load_ipc(self, ipc: tuple, entries: list, keep: bool, requantize: bool = False) -> int:
         """Copy from a CUDA buffer another process on this GPU shares; `keep` maps it for good
         (the trainer's long-lived buffer), else the mapping is dropped once copied."""
         buffer = cuda_ipc.open_buffer(cuda_ipc.IpcBuffer(*ipc), self.device, keep=keep)
         weights = cuda_ipc.views(buffer, [tuple(e) for e in entries])
-        self._load(weights)
+        self._load(weights, requantize)
         torch.cuda.synchronize(self.device)   # the sender may reuse its buffer once we return
         return len(weights)
 
@@ -295,9 +313,11 @@ class VLLMEngine(Engine):
                  trust_remote_code: bool = False, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
                  max_model_len: int | None = None, enforce_eager: bool = False,
                  max_num_batched_tokens: int | None = None, max_lora_rank: int | None = None,
-                 enable_sleep_mode: bool = False):
+                 enable_sleep_mode: bool = False, quantization: str | None = None):
         """max_lora_rank: run vLLM's LoRA and take adapter-only syncs of adapters up to that rank.
-        enable_sleep_mode: vLLM's sleep mode (its CuMem allocator), for `sleep` (colocated placement)."""
+        enable_sleep_mode: vLLM's sleep mode (its CuMem allocator), for `sleep` (colocated placement).
+        quantization: spec.rollout.quantization (VLLM_QUANTIZATION); each weight sync is then
+        quantized again as a whole version (`loads_whole_versions`)."""
         environment_defaults()
         import vllm
 
@@ -308,11 +328,15 @@ class VLLMEngine(Engine):
         self._llm = vllm.LLM(**llm_kwargs(
             model_path, dtype=dtype, seed=seed, tokenizer_path=tokenizer_path, trust_remote_code=trust_remote_code,
             tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len, enforce_eager=enforce_eager, max_num_batched_tokens=max_num_batched_tokens),
+            max_model_len=max_model_len, enforce_eager=enforce_eager, max_num_batched_tokens=max_num_batched_tokens,
+            quantization=quantization),
             **({"enable_sleep_mode": True} if enable_sleep_mode else {}),
             **({} if max_lora_rank is None else dict(enable_lora=True, max_loras=1,
                                                      max_lora_rank=vllm_max_lora_rank(max_lora_rank))))
         self.accepts_lora_adapters = max_lora_rank is not None
+        if quantization is not None and max_lora_rank is not None:
+            raise ValueError("a quantized engine takes merged weights only (no max_lora_rank)")
+        self.loads_whole_versions = quantization is not None
         self._lora = None            # the LoRARequest of the adapters every generate call applies
         self._lora_versions = 0
         shm = Path("/dev/shm")
@@ -398,11 +422,12 @@ class VLLMEngine(Engine):
         self._drop_lora()      # merged weights are the whole policy
         if self._tensor_parallel > 1 or self._device.type != "cuda":
             data, entries = pack_tensors(weights)
-            self._llm.collective_rpc("grpo_load_weights", args=(data, entries))
+            self._llm.collective_rpc("grpo_load_weights", args=(data, entries, self.loads_whole_versions))
         else:
             buffer, entries = pack_on_device(weights, self._device)
             torch.cuda.synchronize(self._device)
-            self._llm.collective_rpc("grpo_load_ipc", args=(cuda_ipc.share(buffer).as_tuple(), entries, False))
+            self._llm.collective_rpc("grpo_load_ipc", args=(cuda_ipc.share(buffer).as_tuple(), entries, False,
+                                                            self.loads_whole_versions))
             del buffer
         self._llm.reset_prefix_cache()
 
@@ -410,7 +435,7 @@ class VLLMEngine(Engine):
         if self._tensor_parallel > 1:
             raise ValueError("backend cuda_ipc needs rollout.tensorParallelSize 1 (the workers are on other GPUs)")
         self._drop_lora()
-        self._llm.collective_rpc("grpo_load_ipc", args=(ipc.as_tuple(), entries, True))
+        self._llm.collective_rpc("grpo_load_ipc", args=(ipc.as_tuple(), entries, True, self.loads_whole_versions))
         self._llm.reset_prefix_cache()
 
     def close(self) -> None:

@@ -20,7 +20,8 @@ An adapter-only sync (a LoRA policy, rollout.proto's LoraAdapters, over grpc or 
 carries each adapted module's lora_A and lora_B instead of weights: they are kept as the buckets
 arrive and, once all are in, the engine merges them into the base weights it loaded
 (`Engine.load_lora_adapters`) and the version commits. The version reads -1 from the first
-bucket on, as for whole weights.
+bucket on, as for whole weights. An engine that quantizes what it loads (FP8 rollouts,
+`Engine.loads_whole_versions`) gets whole weights the same way: kept, then loaded in one call.
 """
 
 from __future__ import annotations
@@ -185,7 +186,9 @@ class WeightReceiver:
         self._pending_loaded: set[int] = set()
         self._pending_started = 0.0
         self._pending_lora: dict[str, float] | None = None     # an adapter sync: scaling by module
-        self._pending_adapters: dict[str, torch.Tensor] = {}    # its tensors received so far, by name
+        # Tensors kept until every bucket is in: an adapter sync's (merged at the commit), and every
+        # sync's to an engine that loads whole versions (Engine.loads_whole_versions).
+        self._pending_tensors: dict[str, torch.Tensor] = {}     # by name: a bucket sent twice counts once
         self._group: _Group | None = None
         self._dead_groups: set[str] = set()
         self._thread: threading.Thread | None = None
@@ -225,7 +228,7 @@ class WeightReceiver:
         if self._pending is not None:
             log.warning("weight update to version %d abandoned for version %d", self._pending, version)
         self._pending, self._pending_total, self._pending_loaded = version, num_buckets, set()
-        self._pending_lora, self._pending_adapters = lora, {}
+        self._pending_lora, self._pending_tensors = lora, {}
         self._pending_started = time.monotonic()
 
     def _load(self, index: int, tensors: list[tuple[str, torch.Tensor]], nbytes: int, backend: str) -> None:
@@ -237,10 +240,10 @@ class WeightReceiver:
                     raise ValueError(f"adapter tensor {name!r}: its module has no scaling in the sync's LoraAdapters")
         with self._engine_lock:
             self._set_version(UNKNOWN_VERSION)  # from here on the weights are a mix
-            if self._pending_lora is None:
+            if self._pending_lora is not None or self._engine.loads_whole_versions:
+                self._pending_tensors.update(tensors)   # loaded at the commit
+            else:
                 self._engine.load_weights(tensors)
-            else:   # kept until every bucket is in, then merged at the commit
-                self._pending_adapters.update(tensors)
         self._pending_loaded.add(index)
         if self._metrics:
             self._metrics.weights_loaded(backend, nbytes)
@@ -248,7 +251,7 @@ class WeightReceiver:
     def _adapters(self) -> dict[str, LoraAdapter]:
         """The pending adapter sync's tensors as one LoraAdapter per module of its scaling."""
         parts: dict[str, dict[str, torch.Tensor]] = {module: {} for module in self._pending_lora}
-        for name, tensor in self._pending_adapters.items():
+        for name, tensor in self._pending_tensors.items():
             module, which = split_lora_name(name)
             parts[module][which] = tensor
         for module, found in parts.items():
@@ -261,13 +264,16 @@ class WeightReceiver:
         if self._pending is None or len(self._pending_loaded) < self._pending_total:
             return False
         version, seconds = self._pending, time.monotonic() - self._pending_started
-        if self._pending_lora is not None:
+        if self._pending_lora is not None or self._pending_tensors:
             try:
-                adapters = self._adapters()
+                adapters = self._adapters() if self._pending_lora is not None else None
                 with self._engine_lock:
-                    self._engine.load_lora_adapters(adapters)
-            finally:   # merged or refused, this sync is over (a refused one leaves the version at -1)
-                self._pending, self._pending_lora, self._pending_adapters = None, None, {}
+                    if adapters is not None:
+                        self._engine.load_lora_adapters(adapters)
+                    else:
+                        self._engine.load_weights(list(self._pending_tensors.items()))
+            finally:   # loaded or refused, this sync is over (a refused one leaves the version at -1)
+                self._pending, self._pending_lora, self._pending_tensors = None, None, {}
         self._pending = None
         self._set_version(version)
         if self._metrics:
@@ -388,7 +394,7 @@ class WeightReceiver:
             except Exception as exc:
                 self.sync_error = f"{type(exc).__name__}: {exc}"
                 log.error("collective weight sync to version %d failed: %s", plan.version, self.sync_error)
-                self._pending, self._pending_lora, self._pending_adapters = None, None, {}
+                self._pending, self._pending_lora, self._pending_tensors = None, None, {}
                 if self._group is not None:
                     self._dead_groups.add(self._group.id)
                     self._group.close()

@@ -22,7 +22,7 @@ from grpo_trainer.weight_sync import (CollectiveWeightSender, GrpcWeightSender, 
                                       tensor_specs)
 
 from .conftest import chat_prompt, prompt_table, start_server, wait_until
-from .test_lora_weights import merged_of, peft_policy
+from .test_lora_weights import merged_of, peft_policy, stream
 
 pytestmark = pytest.mark.integration
 
@@ -158,6 +158,45 @@ def test_a_half_applied_update_blocks_generation_until_complete(servers, prompts
         sender.close()
     assert health(server).ready
     assert greedy_from_server(server, prompts, version, tmp_path) == greedy_reference(engine, prompts)
+
+
+class WholeVersionEngine(HFEngine):
+    """The hf engine taking each version whole, as vLLM with FP8 rollouts does (which needs a GPU:
+    bench/RESULTS.md); it records each load_weights call's tensor names."""
+    loads_whole_versions = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loads: list[list[str]] = []
+
+    def load_weights(self, weights):
+        weights = list(weights)
+        self.loads.append([name for name, _ in weights])
+        super().load_weights(weights)
+
+
+def test_an_engine_that_quantizes_what_it_loads_gets_a_version_in_one_call(tiny_model, prompts, tmp_path):
+    """FP8 rollouts quantize each layer again once all its shards are in, and a bucket can end in
+    the middle of a layer: the receiver keeps the buckets and loads them at the commit."""
+    import threading
+
+    from grpo_rollout.weights import UNKNOWN_VERSION, WeightReceiver
+    weights, reference = trained_weights(tmp_path, seed=5)
+    engine = WholeVersionEngine(tiny_model)
+    before = {n: t.clone() for n, t in engine.model.state_dict().items()}
+    receiver = WeightReceiver(engine, threading.Lock())
+    chunks = list(stream(list(weights.items()), 1))
+    last = max(c.bucket_index for c in chunks)
+    assert last >= 2
+    first_buckets = [c for c in chunks if c.bucket_index < last]
+    resent = [c for c in chunks if c.bucket_index == 0]       # a bucket sent twice counts once
+    result = receiver.receive_stream(iter(first_buckets + resent))
+    assert (result.committed, engine.policy_version, engine.loads) == (False, UNKNOWN_VERSION, [])
+    assert all(torch.equal(t, before[n]) for n, t in engine.model.state_dict().items())   # kept, not loaded
+    result = receiver.receive_stream(iter(c for c in chunks if c.bucket_index == last))
+    assert (result.committed, engine.policy_version, len(engine.loads)) == (True, 1, 1)
+    assert sorted(engine.loads[0]) == sorted(weights)
+    assert greedy_reference(engine, prompts) == greedy_reference(reference, prompts)
 
 
 def test_collective_gloo_push_and_group_reformation(servers, prompts, token, tmp_path):

@@ -108,7 +108,8 @@ def _cfg(text: str):
 
 @pytest.mark.parametrize("override", [
     "+async_training.partial_rollout=True",
-    "actor_rollout_ref.rollout.quantization=fp8",
+    "actor_rollout_ref.rollout.quantization=torchao",
+    "actor_rollout_ref.rollout.quantization_config_file=/q.json",
     "data.filter_accuracy=True",
     "trainer.ref_update_freq=1",
     "actor_rollout_ref.actor.fsdp_config.qat.enable=True",
@@ -129,6 +130,19 @@ def test_off_values_and_speed_switches_are_not_errors(override, warned):
     t = translate(_cfg(BASE + override))
     assert t.job is not None, t.errors
     assert any(override.lstrip("+").split("=")[0] in w for w in t.warnings) == warned, t.warnings
+
+
+def test_fp8_rollouts_translate_with_the_correction_as_written():
+    """verl's FP8 rollout (128x128 weight blocks, training in bf16) is rollout.quantization fp8; the
+    token-level TIS its guide pairs with it is translated as the script sets it, never added."""
+    spec = translate(_cfg(BASE + "actor_rollout_ref.rollout.quantization=fp8 "
+                                 "algorithm.rollout_correction.rollout_is=token")).job.spec
+    assert spec.rollout.quantization == "fp8" and spec.algorithm.rollout_correction.rollout_is == "token"
+    spec = translate(_cfg(BASE + "actor_rollout_ref.rollout.quantization=fp8")).job.spec
+    assert spec.rollout.quantization == "fp8" and spec.algorithm.rollout_correction is None
+    t = translate(_cfg(BASE + "actor_rollout_ref.rollout.quantization=fp8 actor_rollout_ref.rollout.name=hf"))
+    assert t.job is None and any("rollout.quantization needs rollout.engine vllm" in e or
+                                 "need rollout.engine vllm" in e for e in t.errors), t.errors
 
 
 def test_videos_are_errors_and_the_image_keys_translate():
