@@ -1,6 +1,7 @@
 """Issue 45 items 3 and 8: vLLM's multimodal inputs (grpo_rollout.vllm_engine with images) on a
 Qwen2.5-VL-3B-shaped random model (36 layers x 2048, a 32-block vision tower, vocabulary 151936;
-tokenizer and processor from grpo_rollout.tiny_vl; --shape: Qwen2.5-VL-7B (8.29 B), Qwen3-VL's 2B and 8B too), on one GPU:
+tokenizer and processor from grpo_rollout.tiny_vl; --shape: Qwen2.5-VL-7B (8.29 B), Qwen3-VL's 2B and
+8B too), on one GPU:
 
 1. correctness: prompts built as the trainer builds them (the chat template, each image's
    placeholder widened by grpo_trainer.vision.expand_image_tokens) generate on vLLM with their
