@@ -664,7 +664,7 @@ def cmd_step(args) -> None:
             trainer.state.step = step
             m = trainer.train_step(step)
             reply = replies[-1][0]
-            row = {k: m[k] for k in m if k.startswith("timing_s/")}
+            row = {k: m[k] for k in m if k.startswith(("timing_s/", "rollout_corr/"))}
             row.update({"generate_s": reply.generate_seconds, "reward_s": reply.reward_seconds,
                         "generated_tokens": reply.generated_tokens, "gbytes": trainer.publisher.layout.nbytes / 1e9,
                         "response_length_mean": m["response_length/mean"], "kl_loss": m.get("actor/kl_loss"),

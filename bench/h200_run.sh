@@ -113,7 +113,9 @@ for phase in $PHASES; do
     # Issue 45: the VL update's micro-batch, images per row against shared, sdpa against varlen vision attention (no vLLM).
     vl-update)    SCRIPT=bench/vl_update_profile.py run vl-update 360 150 $extra ;;
     # BENCH_ARGS_vl_write_job="--shape qwen3-vl-2b": another model (bench/vl_vllm_check.py SHAPES).
-    vl-step)      RUN_W=$W-vl SCRIPT=bench/vl_vllm_check.py run vl-write-job 120 60 --write-job ${BENCH_ARGS_vl_write_job:-}
+    # vl-job writes the model and job alone (a call of its own for a large shape); vl-step then uses them.
+    vl-job)       RUN_W=$W-vl SCRIPT=bench/vl_vllm_check.py run vl-write-job 240 60 --write-job ${BENCH_ARGS_vl_write_job:-} ;;
+    vl-step)      [ -f "$W-vl/job.yaml" ] || RUN_W=$W-vl SCRIPT=bench/vl_vllm_check.py run vl-write-job 120 60 --write-job ${BENCH_ARGS_vl_write_job:-}
                   RUN_W=$W-vl run vl-step 480 200 step --engine vllm --steps 2 --warmup 1 \
                     --gpu-memory-utilization 0.3 --label vl-3b $extra ;;
     # Issue 47 item 3: FP8 rollouts on vLLM 0.26 (bench/fp8_rollout_check.py, bench/fp8_notes.md): generation
