@@ -485,7 +485,7 @@ class RolloutSpec(_Model):
     enforce_eager: bool = False
     """Disable CUDA graphs in vLLM (verl: rollout.enforce_eager)."""
     quantization: Literal["fp8"] | None = None
-    """fp8: vLLM generates with FP8 weights, quantized in 128x128 blocks (dynamic FP8 activations) at its start and again at every weight sync, verl's FP8 rollout scheme (vLLM's fp8_per_block); training stays in model.dtype. Faster decoding, but the rollouts come from a policy a little off the trainer's: verl's FP8 guide pairs it with token-level TIS (algorithm.rolloutCorrection.rolloutIs token). vllm engine only (verl: rollout.quantization)."""
+    """fp8: vLLM generates with FP8 weights, quantized in 128x128 blocks (dynamic FP8 activations; MoE routers stay in model.dtype) at its start and again at every weight sync, verl's FP8 rollout scheme (vLLM's fp8_per_block); training stays in model.dtype. Faster decoding, but the rollouts come from a policy a little off the trainer's: verl's FP8 guide pairs it with token-level TIS (algorithm.rolloutCorrection.rolloutIs token). vllm engine only (verl: rollout.quantization)."""
     max_staleness: int = Field(default=0, ge=0, le=1)
     """Policy versions a rollout may lag behind training. 0: each step generates with the latest weights, then trains (synchronous). 1: step t+1's rollouts are generated while step t trains (verl's one-step-off-policy, AReaL), so they come from the policy one update behind; the PPO ratio then uses the rollout's behaviour logprobs as the old policy."""
     calculate_log_probs: bool = False

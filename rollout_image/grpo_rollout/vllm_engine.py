@@ -60,9 +60,10 @@ from grpo_rollout.engine import Engine, EngineInfo, LoraAdapter, Sample, Samplin
 VLLM_VERSIONS = "0.26."
 """The vLLM releases this adapter runs with (a prefix of vllm.__version__)."""
 EXTENSION = "grpo_rollout.vllm_engine.WeightLoaderExtension"
-VLLM_QUANTIZATION = {"fp8": "fp8_per_block"}
-"""spec.rollout.quantization -> vLLM's `quantization`: verl's FP8 scheme (128x128 weight blocks,
-dynamic activations) is vLLM 0.26's online fp8_per_block."""
+VLLM_QUANTIZATION = {"fp8": {"quantization": "fp8_per_block", "quantization_config": {"ignore": [r"re:.*mlp\.gate$"]}}}
+"""spec.rollout.quantization -> vLLM's arguments. verl's FP8 scheme (128x128 weight blocks, dynamic
+activations, the MoE routers `mlp.gate` left unquantized) is vLLM 0.26's online fp8_per_block with
+those layers ignored."""
 
 # (name, shape, dtype, offset, nbytes): plain values, so vLLM's RPC serializer passes them as is.
 TensorEntry = tuple[str, list[int], str, int, int]
@@ -83,7 +84,7 @@ def llm_kwargs(model_path: str, *, dtype: str, seed: int, tokenizer_path: str | 
     if max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = max_num_batched_tokens
     if quantization is not None:
-        kwargs["quantization"] = VLLM_QUANTIZATION[quantization]
+        kwargs.update(VLLM_QUANTIZATION[quantization])
     return kwargs
 
 

@@ -4,6 +4,7 @@ engine itself ran on an H200: bench/vllm_check.py, bench/RESULTS.md)."""
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -32,11 +33,15 @@ def test_engine_arguments_ask_for_tempered_logprobs_and_our_weight_loader():
     module, _, name = EXTENSION.rpartition(".")
     assert hasattr(__import__(module, fromlist=[name]), name)
     assert "quantization" not in kw
-    # FP8 rollouts: verl's scheme (128x128 weight blocks, dynamic activations), vLLM's online fp8_per_block.
+    # FP8 rollouts: verl's scheme (128x128 weight blocks, dynamic activations, MoE routers in bf16),
+    # vLLM's online fp8_per_block.
     fp8 = llm_kwargs("/models/qwen3", dtype="bfloat16", seed=3, tokenizer_path=None, trust_remote_code=False,
                      tensor_parallel_size=1, gpu_memory_utilization=0.6, max_model_len=1536, enforce_eager=False,
                      max_num_batched_tokens=8192, quantization="fp8")
-    assert fp8 == {**kw, "tensor_parallel_size": 1, "quantization": "fp8_per_block"}
+    assert fp8 == {**kw, "tensor_parallel_size": 1, "quantization": "fp8_per_block",
+                   "quantization_config": {"ignore": [r"re:.*mlp\.gate$"]}}
+    assert re.match(fp8["quantization_config"]["ignore"][0][3:], "model.layers.3.mlp.gate")
+    assert not re.match(fp8["quantization_config"]["ignore"][0][3:], "model.layers.3.mlp.gate_proj")
 
 
 def test_sampling_parameters_map_to_vllm():
