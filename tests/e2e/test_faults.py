@@ -140,10 +140,15 @@ def test_a_job_deleted_mid_run_and_applied_again_runs_anew(cluster, models):
 
 
 def test_suspend_then_resume(cluster, models):
-    ns, name, steps = new_namespace(cluster), "suspend", 14
+    ns, name, steps = new_namespace(cluster), "suspend", 16
     job = quickstart_job(name, cluster, models, steps=steps, testFreq=-1, valBeforeTrain=False, saveFreq=4)
     apply(cluster, ns, job)
-    _wait_step(cluster, ns, name, 2)
+    # Suspended once the step-4 checkpoint is in storage, read there: the status' step lags by up
+    # to a resync, and waiting on it let a CI run's trainer finish all 14 steps before the suspend.
+    fs = cluster.s3()
+    manifest = f"{run_path(cluster, ns, name)}/checkpoints/step-4/manifest.json"
+    wait_for("the step-4 checkpoint", lambda: fs.get_file_info(manifest).type == pafs.FileType.File,
+             timeout=900, interval=1, diagnose=describe(cluster, ns, name))
     cluster.kubectl("patch", "gj", name, "-n", ns, "--type=merge", "-p", '{"spec": {"runPolicy": {"suspend": true}}}')
     wait_phase(cluster, ns, name, {"Suspended"}, timeout=300)
     wait_for("no pods while suspended", lambda: not pods(cluster, ns, name, "trainer")
