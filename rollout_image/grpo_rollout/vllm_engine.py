@@ -319,6 +319,8 @@ class VLLMEngine(Engine):
         enable_sleep_mode: vLLM's sleep mode (its CuMem allocator), for `sleep` (colocated placement).
         quantization: spec.rollout.quantization (VLLM_QUANTIZATION); each weight sync is then
         quantized again as a whole version (`loads_whole_versions`)."""
+        if quantization is not None and max_lora_rank is not None:
+            raise ValueError("a quantized engine takes merged weights only (no max_lora_rank)")
         environment_defaults()
         import vllm
 
@@ -335,8 +337,6 @@ class VLLMEngine(Engine):
             **({} if max_lora_rank is None else dict(enable_lora=True, max_loras=1,
                                                      max_lora_rank=vllm_max_lora_rank(max_lora_rank))))
         self.accepts_lora_adapters = max_lora_rank is not None
-        if quantization is not None and max_lora_rank is not None:
-            raise ValueError("a quantized engine takes merged weights only (no max_lora_rank)")
         self.loads_whole_versions = quantization is not None
         self._lora = None            # the LoRARequest of the adapters every generate call applies
         self._lora_versions = 0
