@@ -280,7 +280,9 @@ class WeightLoaderExtension:
         weights and quantizes the layer again, with its first load's code, into the same storage
         (captured CUDA graphs read it) once all its shards are in. A bare load_weights fails on the
         transposed FP8 weights (bench/RESULTS.md, "FP8 rollouts on vLLM 0.26")."""
-        model = self.model_runner.get_model()     # under the CUDA-graph wrapper, if any
+        # The reload needs the model itself (under the CUDA-graph wrapper, as vLLM's own reload takes it);
+        # plain loads go through the wrapper, as they ran on the H200.
+        model = self.model_runner.get_model() if requantize else self.model_runner.model
         if not hasattr(self, "_grpo_names"):
             self._grpo_names = ([n for n, _ in model.named_parameters()], getattr(model, "packed_modules_mapping", {}))
         params, packed = self._grpo_names
