@@ -33,22 +33,28 @@ from bench_common import bench_parser
 # Random models of the published shapes: (tiny_vl architecture, text and vision config overrides).
 # Qwen3-VL's from torchtitan's qwen3_vl experiment configs (2B: Qwen3-1.7B's text model, 8B: Qwen3-8B's).
 _QWEN3_VL_ROPE = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [24, 20, 20], "mrope_interleaved": True}
+_QWEN25_VL_ROPE = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]}
+
+
+def _qwen25_vision(out_hidden_size: int) -> dict:
+    """Qwen2.5-VL's vision tower, the same at 3B and 7B but for the width it projects into."""
+    return dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=out_hidden_size,
+                fullatt_block_indexes=[7, 15, 23, 31], window_size=112, patch_size=14, spatial_merge_size=2,
+                temporal_patch_size=2)
+
+
 SHAPES = {
     "qwen2.5-vl-3b": ("qwen2.5-vl", dict(
         text=dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
                   num_key_value_heads=2, max_position_embeddings=32768, vocab_size=151936, tie_word_embeddings=True,
-                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]}),
-        vision=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
-                    fullatt_block_indexes=[7, 15, 23, 31], window_size=112, patch_size=14, spatial_merge_size=2,
-                    temporal_patch_size=2))),
+                  rope_parameters=_QWEN25_VL_ROPE),
+        vision=_qwen25_vision(2048))),
     # verl's geo3k LoRA script's model (Qwen2.5-VL-7B-Instruct's config.json).
     "qwen2.5-vl-7b": ("qwen2.5-vl", dict(
         text=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                   num_key_value_heads=4, max_position_embeddings=128000, vocab_size=152064, tie_word_embeddings=False,
-                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]}),
-        vision=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
-                    fullatt_block_indexes=[7, 15, 23, 31], window_size=112, patch_size=14, spatial_merge_size=2,
-                    temporal_patch_size=2))),
+                  rope_parameters=_QWEN25_VL_ROPE),
+        vision=_qwen25_vision(3584))),
     "qwen3-vl-2b": ("qwen3-vl", dict(
         text=dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
                   num_key_value_heads=8, head_dim=128, max_position_embeddings=32768, vocab_size=151936,
