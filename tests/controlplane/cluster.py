@@ -31,6 +31,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import yaml
+
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_IP = "10.0.0.1"  # the first address of SERVICE_CIDR: the `kubernetes` Service
 ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -116,11 +118,16 @@ class ControlPlane:
     """`host`: the address every component listens on (tests/e2e uses a non-loopback one in a
     network namespace, so that a kubelet and pods can reach the apiserver). `preexec`: runs in
     each child before exec, after the parent-death signal is set (e.g. to enter that namespace).
-    `controllers` and `apiserver_args` replace or extend the defaults."""
+    `controllers` and `apiserver_args` replace or extend the defaults. `crds`: CRD files installed
+    (Established) before the controller manager starts, as on a cluster that has had them for long:
+    its garbage collector learns resource types at its start and looks again only every 30 s, so
+    the owned children of a kind installed later outlive their owner for up to that long."""
 
     def __init__(self, bin_dir: Path | None = None, workdir: Path | None = None, *, host: str = "127.0.0.1",
-                 preexec=None, controllers: tuple[str, ...] = CONTROLLERS, apiserver_args: tuple[str, ...] = ()):
+                 preexec=None, controllers: tuple[str, ...] = CONTROLLERS, apiserver_args: tuple[str, ...] = (),
+                 crds: tuple[Path, ...] = ()):
         self.bin_dir = Path(bin_dir or default_bin_dir())
+        self.crds = crds
         self.host = host
         self._preexec = preexec
         self.controllers = controllers
@@ -150,6 +157,7 @@ class ControlPlane:
             self._start_apiserver(deadline)
             self._write_kubeconfig(self.kubeconfig, {"client-certificate": str(self.dir / "admin.crt"),
                                                      "client-key": str(self.dir / "admin.key")})
+            self._install_crds(deadline)
             self._start_controller_manager(deadline)
         except BaseException:
             self.stop(keep_dir=True)  # the logs say why; leave them for the reader
@@ -248,6 +256,19 @@ class ControlPlane:
             *self.apiserver_args,
         ])
         self._wait("kube-apiserver", f"{self.url}/readyz", deadline, lambda body: body.strip() == "ok")
+
+    def _install_crds(self, deadline: float) -> None:
+        crd_api = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+        names = []
+        for path in self.crds:
+            for crd in yaml.safe_load_all(Path(path).read_text()):
+                if crd:
+                    self.request("POST", crd_api, crd)
+                    names.append(crd["metadata"]["name"])
+        for name in names:
+            self._wait("kube-apiserver", f"{self.url}{crd_api}/{name}", deadline,
+                       lambda body: any(c["type"] == "Established" and c["status"] == "True"
+                                        for c in json.loads(body).get("status", {}).get("conditions") or []))
 
     def _start_controller_manager(self, deadline: float) -> None:
         port = _free_port()

@@ -15,6 +15,12 @@ import pytest
 
 from .cluster import ControlPlane, default_bin_dir, missing_binaries
 
+REPO = Path(__file__).resolve().parents[2]
+# The CRDs whose objects own children in the tests (the GRPOJob, and the stand-ins for the
+# monitoring, PodGroup and Kueue CRDs), there before the garbage collector starts (ControlPlane).
+CRDS = (REPO / "crds" / "grpojob.yaml", REPO / "tests" / "chart" / "monitoring-crds.yaml",
+        *sorted((REPO / "tests" / "operator" / "crds").glob("*.yaml")))
+
 
 def _not_built(msg: str) -> None:
     """Skips the test, or fails it when GRPO_REQUIRE_CONTROLPLANE is set."""
@@ -36,7 +42,7 @@ def control_plane():
     missing = missing_binaries()
     if missing:
         _not_built(f"control plane {missing} not in {default_bin_dir()}; run scripts/build-controlplane.sh")
-    cp = ControlPlane().start()
+    cp = ControlPlane(crds=CRDS).start()
     try:
         yield cp
     finally:
