@@ -11,6 +11,8 @@ import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -201,39 +203,63 @@ MESSAGES = {
 CASES = list(MESSAGES)
 
 
-@pytest.mark.integration
-@pytest.mark.parametrize("case", CASES)
-def test_the_trainer_refuses_bad_input_before_writing_anything(case, tmp_path, tiny_model, train_data):
-    work = tmp_path / "in"
+@dataclass
+class _Launch:
+    work: Path                      # where _break made the case's files
+    watched: dict[Path, list[str]]  # each folder the trainer must leave as it was, before the launch
+    result: Future                  # the trainer's CompletedProcess
+
+
+def _launch(case: str, tmp: Path, tiny_model: Path, train_data: Path, pool: ThreadPoolExecutor) -> _Launch:
+    work = tmp / "in"
     work.mkdir()
-    model = tmp_path / "model"
+    model = tmp / "model"
     shutil.copytree(tiny_model, model)
     sections, prefix = _break(case, work, train_data)
     # write_job takes model and storage as arguments and merges other sections: set these after
     replaced = {key: sections.pop(key) for key in ("model", "storage", "resume") if key in sections}
-    storage = tmp_path / "store"
-    job = write_job(tmp_path / "job.yaml", name="bad", model=model, train=train_data, storage=storage,
+    storage = tmp / "store"
+    job = write_job(tmp / "job.yaml", name="bad", model=model, train=train_data, storage=storage,
                     trainer={"nprocPerNode": 1}, **sections)
     doc = yaml.safe_load(job.read_text())
     for key, value in replaced.items():
         doc["spec"][key] = {**doc["spec"][key], **value} if isinstance(value, dict) else value
     job.write_text(yaml.safe_dump(doc))
-    before = {p: _tree(p) for p in (work, model, storage)}
+    watched = {p: _tree(p) for p in (work, model, storage)}
     nproc = 2 if case == "dataset-empty" else 1            # one case with 2 ranks: rank 1 stops cleanly too
     argv = [*prefix, *trainer_argv(job, "127.0.0.1:9", nproc, (f"trainer.nprocPerNode={nproc}",))]
     # no rollout server at 127.0.0.1:9: the trainer must stop before it talks to one
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env=child_env(GRPO_RPC_TOKEN="t"))
+    result = pool.submit(subprocess.run, argv, capture_output=True, text=True, timeout=600, cwd=tmp,
+                         env=child_env(GRPO_RPC_TOKEN="t"))
+    return _Launch(work, watched, result)
+
+
+@pytest.fixture(scope="module")
+def refusals(request, tmp_path_factory, tiny_model, train_data):
+    """The selected cases' trainers, started up front three at a time: each launch is a torchrun
+    and a worker that import torch (~6 s, mostly one core), so side by side they take half as
+    long. Each case stays a test of its own, reading its launch's result."""
+    selected = [item.callspec.params["case"] for item in request.session.items
+                if item.originalname == "test_the_trainer_refuses_bad_input_before_writing_anything"]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        yield {case: _launch(case, tmp_path_factory.mktemp(case), tiny_model, train_data, pool) for case in selected}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case", CASES)
+def test_the_trainer_refuses_bad_input_before_writing_anything(case, refusals):
+    launch = refusals[case]
+    proc = launch.result.result()
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-4000:]
     assert re.search(r"exitcode\s*: 2 ", out), out[-4000:]        # the trainer's own code: a usage error
-    expected = MESSAGES[case].format(tmp=work)
+    expected = MESSAGES[case].format(tmp=launch.work)
     errors = [ln for ln in out.splitlines() if ln.startswith("error: ")]
     assert errors and errors[0].startswith(expected), (expected, errors, out[-3000:])
     assert len(errors) == 1, errors                                 # said once, by rank 0
     assert not re.search(r"^\[rank\d+\]:", out, flags=re.M), out[-4000:]     # no rank's traceback
     assert "Connection closed by peer" not in out and "Step 1" not in out
-    assert {p: _tree(p) for p in (work, model, storage)} == before  # nothing written, nothing lost
+    assert {p: _tree(p) for p in launch.watched} == launch.watched  # nothing written, nothing lost
 
 
 @pytest.mark.integration
