@@ -10,7 +10,6 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "grpo-operator"
 ALL_VALUES = Path(__file__).parent / "values-all.yaml"
-MONITORING_CRDS = Path(__file__).parent / "monitoring-crds.yaml"
 
 
 def run(*args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ import re
 import pytest
 import yaml
 
-from chart_helpers import ALL_VALUES, CHART, MONITORING_CRDS, REPO, find, render, run
+from chart_helpers import ALL_VALUES, CHART, REPO, find, render, run
 from controlplane.cluster import retry
 
 VARIANTS = {"defaults": [], "all-options": ["-f", str(ALL_VALUES)]}
@@ -366,7 +366,7 @@ def cluster(control_plane, kubectl_bin):
     def kubectl(*args, stdin=None, check=True):
         return run(kubectl_bin, "--kubeconfig", kubeconfig, *args, stdin=stdin, check=check)
 
-    kubectl("apply", "--server-side", "-f", str(MONITORING_CRDS))
+    # the monitoring CRDs are there from the control plane's start (controlplane.conftest.CRDS)
     for ns in ("team-a", "team-b", "monitoring"):
         kubectl("create", "namespace", ns)
     return kubeconfig, kubectl

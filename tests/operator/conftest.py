@@ -15,26 +15,16 @@ import pytest
 
 # The control plane's session fixtures, shared with tests/controlplane (tests/ is on sys.path:
 # the root conftest.py is not in a package).
-from controlplane.cluster import retry
 from controlplane.conftest import admin_client, control_plane, kubectl_bin, namespace  # noqa: F401
 from operator_helpers import kubectl, wait_for_garbage_collector
-from operator_process import (KUEUE_WORKLOAD_CRD, MONITORING_CRDS, OPERATOR_NS, POD_GROUP_CRD, REPO, SERVICE_ACCOUNT,
-                              OperatorProcess, render_rbac)
+from operator_process import OPERATOR_NS, SERVICE_ACCOUNT, OperatorProcess, render_rbac
 
 
 @pytest.fixture(scope="session")
 def cluster_crds(control_plane, kubectl_bin):
-    """The GRPOJob CRD, the monitoring stubs, scheduler-plugins' PodGroup and Kueue's Workload
-    CRDs (cut down: tests/operator/crds), Established."""
-    kubectl(kubectl_bin, control_plane, "apply", "--server-side", "-f", str(REPO / "crds" / "grpojob.yaml"))
-    kubectl(kubectl_bin, control_plane, "apply", "--server-side", "-f", str(MONITORING_CRDS))
-    kubectl(kubectl_bin, control_plane, "apply", "--server-side", "-f", str(POD_GROUP_CRD))
-    kubectl(kubectl_bin, control_plane, "apply", "--server-side", "-f", str(KUEUE_WORKLOAD_CRD))
-    # kubectl wait errors out (instead of waiting) while a new CRD's status.conditions is still null.
-    retry(lambda: kubectl(kubectl_bin, control_plane, "wait", "--for=condition=Established", "--timeout=60s",
-                          "crd/grpojobs.grpo.dev", "crd/podmonitors.monitoring.coreos.com",
-                          "crd/servicemonitors.monitoring.coreos.com", "crd/podgroups.scheduling.x-k8s.io",
-                          "crd/workloads.kueue.x-k8s.io"))
+    """The control plane came up with the GRPOJob CRD, the monitoring stubs, scheduler-plugins'
+    PodGroup and Kueue's Workload CRDs (cut down: tests/operator/crds) Established
+    (controlplane.conftest.CRDS); this checks that its garbage collector knows them."""
     wait_for_garbage_collector(control_plane, kubectl_bin)
 
 

@@ -23,10 +23,6 @@ OPERATOR_NS = "grpo-system"
 RELEASE = "grpo"
 SERVICE_ACCOUNT = f"{RELEASE}-grpo-operator"
 
-MONITORING_CRDS = REPO / "tests" / "chart" / "monitoring-crds.yaml"
-POD_GROUP_CRD = REPO / "tests" / "operator" / "crds" / "scheduler-plugins-podgroup.yaml"
-KUEUE_WORKLOAD_CRD = REPO / "tests" / "operator" / "crds" / "kueue-workload.yaml"
-
 
 def render_rbac(*set_values: str, release: str = RELEASE) -> str:
     """The chart's ServiceAccount and RBAC, rendered for `release` in grpo-system."""
