@@ -285,6 +285,14 @@ def _token_budget(value, ctx):
     return value
 
 
+def _log_prob_budget(value, ctx):
+    """ref's and rollout's log_prob_max_token_len_per_gpu size the forward-only passes' micro-batches
+    (reference and old log-probs); here one budget serves both: the reference's when both are set."""
+    if ctx.has("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu") and not ctx.key.startswith("actor_rollout_ref.ref."):
+        return SKIP
+    return _token_budget(value, ctx)
+
+
 def _dynamic_bsz(value, ctx):
     if value and not ctx.has("actor_rollout_ref.actor.ppo_max_token_len_per_gpu"):
         return ctx.get("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")     # verl's default budget
@@ -553,8 +561,8 @@ _KL_TYPE = _choice({t: t for t in typing.get_args(KLType)},
 _POLICY_LOSSES = {name: name for name in typing.get_args(PolicyLoss)}
 _VLLM_KNOB = "a vLLM engine setting verl passes through; the rollout servers manage their own"
 _OFFLOAD = "FSDP2 offload/sharding tuning of verl's workers; the trainer shards with FSDP2 on its own terms"
-_MICRO_LOGPROB = ("log-prob micro-batching of verl's workers; log-probs here use trainer.microBatchSizePerGPU / "
-                  "maxTokensPerGPU")
+_MICRO_LOGPROB = ("log-prob micro-batching by count of verl's workers; log-probs here use trainer.microBatchSizePerGPU "
+                  "(by tokens: logProbMaxTokensPerGPU)")
 _SPEED = "a verl kernel/speed setting with no effect on the result; not needed here"
 
 # Entry points whose trainer is the one a GRPOJob runs: verl's PPO trainer (main_ppo_sync is its
@@ -808,6 +816,8 @@ RULES: tuple[Rule, ...] = (
     # actor_rollout_ref.ref
     Map("actor_rollout_ref.ref.fsdp_config.param_offload", "trainer.refCpuOffload"),
     Ignore("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", _MICRO_LOGPROB),
+    Map("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", "trainer.logProbMaxTokensPerGPU",
+        "the token budget of the forward-only passes, only when use_dynamic_bsz=True, as in verl", _log_prob_budget),
     Ignore("actor_rollout_ref.ref.*", "reference-model worker tuning; the reference model shares the "
            "trainer's sharding"),
     # actor_rollout_ref.rollout
@@ -863,6 +873,9 @@ RULES: tuple[Rule, ...] = (
            "loop runs in each rollout server"),
     Refuse("actor_rollout_ref.rollout.ignore_eos", "generation stops at EOS here", ok=(False,)),
     Ignore("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", _MICRO_LOGPROB),
+    Map("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", "trainer.logProbMaxTokensPerGPU",
+        "the token budget of the forward-only passes (old log-probs), only when use_dynamic_bsz=True; "
+        "ref's wins when both are set", _log_prob_budget),
     Ignore("actor_rollout_ref.rollout.mode", "rollout servers are always separate, asynchronous vLLM servers"),
     Map("actor_rollout_ref.rollout.quantization", "rollout.quantization", "fp8: the same scheme (128x128 weight "
         "blocks, dynamic activations; training in model.dtype); torchao and ascend are errors", _quantization),

@@ -526,6 +526,8 @@ class TrainerSpec(_Model):
     """Responses per forward/backward on one GPU (verl: actor.ppo_micro_batch_size_per_gpu)."""
     max_tokens_per_gpu: int | None = Field(default=None, ge=1, alias="maxTokensPerGPU")
     """Token budget per micro-batch: when set, micro-batches are formed by tokens, not count (verl: ppo_max_token_len_per_gpu with use_dynamic_bsz)."""
+    log_prob_max_tokens_per_gpu: int | None = Field(default=None, ge=1, alias="logProbMaxTokensPerGPU")
+    """Token budget per micro-batch of the forward-only passes (old and reference log-probs), which keep no activations for a backward pass and so fit larger ones; null: the update's micro-batches (verl: ref/rollout.log_prob_max_token_len_per_gpu with use_dynamic_bsz)."""
     ppo_epochs: int = Field(default=1, ge=1)
     """Passes over each rollout batch (verl: actor.ppo_epochs)."""
     lr: float = Field(default=1e-6, ge=0.0)
@@ -899,12 +901,19 @@ def _lengths_bounded(s: GRPOJobSpec) -> str | None:
     return None
 
 
-def _budget_fits_sequence(s: GRPOJobSpec) -> str | None:
-    budget = s.trainer.max_tokens_per_gpu
+def _fits_sequence(budget: int | None, s: GRPOJobSpec) -> str | None:
     if budget is not None and budget < s.total_length:
         return (f"must be >= maxPromptLength + maxResponseLength ({s.total_length}) so one "
                 f"sequence fits a micro-batch (got {budget})")
     return None
+
+
+def _budget_fits_sequence(s: GRPOJobSpec) -> str | None:
+    return _fits_sequence(s.trainer.max_tokens_per_gpu, s)
+
+
+def _log_prob_budget_fits_sequence(s: GRPOJobSpec) -> str | None:
+    return _fits_sequence(s.trainer.log_prob_max_tokens_per_gpu, s)
 
 
 def _sequence_loss_needs_seq_mean(s: GRPOJobSpec) -> str | None:
@@ -1171,6 +1180,12 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         "self.trainer.maxTokensPerGPU >= self.data.maxPromptLength + self.data.maxResponseLength",
         "trainer.maxTokensPerGPU must be >= data.maxPromptLength + data.maxResponseLength",
         _budget_fits_sequence),
+    CrossFieldRule(
+        "trainer.logProbMaxTokensPerGPU",
+        "!has(self.trainer.logProbMaxTokensPerGPU) || "
+        "self.trainer.logProbMaxTokensPerGPU >= self.data.maxPromptLength + self.data.maxResponseLength",
+        "trainer.logProbMaxTokensPerGPU must be >= data.maxPromptLength + data.maxResponseLength",
+        _log_prob_budget_fits_sequence),
     CrossFieldRule(
         "algorithm.lossAggMode",
         f"!(self.algorithm.policyLoss in {_SEQUENCE_LOSS_LIST}) || self.algorithm.lossAggMode == 'seq-mean-token-mean'",

@@ -3,6 +3,8 @@
 
 - a few steps: finite losses, weights that move, rollout workers that follow the trainer's
   policy version (Health/Info over gRPC, and the version recorded in every rollout row);
+  micro-batches by a token budget on both ranks, the reference's log-probs on larger ones of
+  their own (trainer.logProbMaxTokensPerGPU) that meet the policy's at step 1;
 - resume: 4 steps straight == 2 steps, then a resumed run of 2 more (same prompts and samples
   per step, same final weights, bit for bit on CPU);
 - a fresh trainer facing rollout servers at a later policy version (a restart before the first
@@ -56,7 +58,10 @@ def two_rank_run(tmp_path_factory, tiny_model, quickstart_data, dense_reward):
     job = write_job(tmp / "job.yaml", name="two-rank", model=tiny_model, train=quickstart_data[0],
                     storage=tmp / "store", reward={"function": dense_reward},
                     trainer={"totalSteps": STEPS, "saveFreq": 2,
-                             "saveBest": {"metric": "critic/score/mean", "mode": "max"}},
+                             "saveBest": {"metric": "critic/score/mean", "mode": "max"},
+                             # micro-batches by tokens (the ranks' shares can make different numbers
+                             # of them), the reference's forward on larger ones of its own
+                             "maxTokensPerGPU": 38, "logProbMaxTokensPerGPU": 76},
                     weightSync={"backend": "nccl"})
     servers = start_rollout_servers(job, token, 2, tmp)
     try:
@@ -78,6 +83,9 @@ def test_losses_are_finite_and_every_step_ran(two_rank_run):
     assert all(r["actor/grad_norm"] > 0 for r in rows), [r["actor/grad_norm"] for r in rows]
     assert all(r["perf/total_num_tokens"] > 0 and r["response_length/mean"] > 0 for r in rows)
     assert "world size 2" in two_rank_run.result.output
+    # step 1's policy is the reference: their log-probs, from micro-batches of different sizes,
+    # must meet at the same tokens (a misplaced one reads O(1))
+    assert abs(rows[0]["actor/kl_loss"]) < 1e-6, rows[0]["actor/kl_loss"]
 
 
 def test_weights_change(two_rank_run, tiny_model):

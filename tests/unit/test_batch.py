@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from grpo_trainer.algorithms import policy_loss
-from grpo_trainer.batch import Sample, check_complete, check_staleness, collate, keep_prompts, micro_batches
+from grpo_trainer.batch import (Sample, check_complete, check_staleness, collate, gather_response_values, keep_prompts,
+                                micro_batches, scatter_response_values, split_to)
 
 
 def sample(prompt: int, i: int, length: int = 3) -> Sample:
@@ -34,6 +35,36 @@ def test_packed_micro_batches_count_tokens_not_count_times_longest():
     groups = micro_batches(list(range(6)), samples, max_count=100, max_tokens=40, packed=True)
     assert groups == [[0, 4], [2, 5, 1, 3]]     # 20+18 | 14+8+6+4: two where padding needs three
     assert all(sum(samples[i].length for i in g) <= 40 for g in groups)
+
+
+def test_micro_batches_split_to_as_many_as_another_rank_has_within_the_budget():
+    samples = [sample(0, i, length=n) for i, n in enumerate([10, 3, 7, 2, 9, 4])]
+    groups = micro_batches(list(range(6)), samples, max_count=100, max_tokens=40)   # 3, as above
+    split = split_to(groups, 5)
+    assert len(split) == 5 and sorted(i for g in split for i in g) == list(range(6))
+    assert all(len(g) * max(samples[i].length for i in g) <= 40 for g in split)
+    assert split_to(groups, 3) == groups
+    with pytest.raises(ValueError, match="6 samples can't make 7 micro-batches"):
+        split_to(groups, 7)
+
+
+def test_forward_only_log_probs_go_back_into_the_updates_layout():
+    """Values computed on one grouping of the samples land at the same responses' positions of
+    another (trainer.logProbMaxTokensPerGPU's micro-batches against the update's)."""
+    samples = [Sample("0-0", 0, i, [5] * p, [6] * r, [0.0] * r, 0.0, "stop") for i, (p, r) in
+               enumerate([(2, 3), (4, 1), (1, 4), (3, 2)])]
+    cpu = torch.device("cpu")
+    update = [collate(g, samples, None, 0, cpu) for g in ([0, 1], [2, 3])]
+    forward = [collate(g, samples, None, 0, cpu, pack=True) for g in ([3, 1, 2], [0])]
+    # each response position's value names its sample and token: 10 x sample + token
+    per_mb = [scatter_response_values(mb, torch.tensor([[10. * i + t for t in range(4)] for i in range(4)]),
+                                      samples, like=mb.response_mask.float()) for mb in forward]
+    per_sample = gather_response_values(forward, per_mb, samples, width=4)
+    for mb in update:
+        got = scatter_response_values(mb, per_sample, samples, like=mb.response_mask.float())
+        for row, i in enumerate(mb.indices):
+            want = [10. * i + t for t in range(len(samples[i].response_ids))]
+            assert got[row][mb.response_mask[row].bool()].tolist() == want
 
 
 def test_packed_collate_is_one_row_with_positions_from_0_and_a_map_back():

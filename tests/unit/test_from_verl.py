@@ -368,7 +368,8 @@ def test_keys_with_no_meaning_here_are_warnings(monkeypatch, capsys):
     assert code == 0, err
     warnings = [line.removeprefix("warning: ") for line in err.splitlines() if line.startswith("warning: ")]
     assert "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32: ignored: log-prob micro-batching " \
-           "of verl's workers; log-probs here use trainer.microBatchSizePerGPU / maxTokensPerGPU" in warnings
+           "by count of verl's workers; log-probs here use trainer.microBatchSizePerGPU (by tokens: " \
+           "logProbMaxTokensPerGPU)" in warnings
     assert any(w.startswith("actor_rollout_ref.model.use_shm=True, actor_rollout_ref.actor.use_torch_"
                             "compile=False: ignored:") for w in warnings)
     assert any(w.startswith("actor_rollout_ref.actor.fsdp_config.reshard_after_forward=False: ignored: FSDP2")
@@ -635,6 +636,15 @@ def test_batch_size_units_and_dynamic_batching():
     assert t.doc["spec"]["trainer"]["maxTokensPerGPU"] == 4096
     t = translated(BASE + "actor_rollout_ref.actor.use_dynamic_bsz=True")
     assert t.doc["spec"]["trainer"]["maxTokensPerGPU"] == 16384                  # verl's default budget
+    # the forward-only passes' own budget: ref's, else rollout's (old log-probs); by tokens only
+    dyn = BASE + "actor_rollout_ref.actor.use_dynamic_bsz=True actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096 "
+    t = translated(dyn + "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=16384")
+    assert t.doc["spec"]["trainer"]["logProbMaxTokensPerGPU"] == 16384
+    t = translated(dyn + "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=16384 "
+                         "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=24576")
+    assert t.doc["spec"]["trainer"]["logProbMaxTokensPerGPU"] == 24576
+    t = translated(BASE + "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=24576")
+    assert "logProbMaxTokensPerGPU" not in t.doc["spec"]["trainer"]
     t = translated(BASE + "actor_rollout_ref.actor.clip_ratio=0.3 actor_rollout_ref.actor.clip_ratio_high=0.35")
     assert t.doc["spec"]["algorithm"] == {"advEstimator": "grpo", "clipRatioLow": 0.3, "clipRatioHigh": 0.35}
     t = translated(BASE + "trainer.total_training_steps=500 trainer.test_freq=-1 trainer.save_freq=0 "

@@ -72,6 +72,7 @@ INVALID_SPECS = [
     ({"trainer.microBatchSizePerGPU": 41}, "spec.trainer.microBatchSizePerGPU", "= 40 (got 41)"),
     ({"trainer.nprocPerNode": 3}, "spec.trainer.nprocPerNode", "split evenly"),
     ({"trainer.maxTokensPerGPU": 100}, "spec.trainer.maxTokensPerGPU", "so one sequence fits"),
+    ({"trainer.logProbMaxTokensPerGPU": 100}, "spec.trainer.logProbMaxTokensPerGPU", "so one sequence fits"),
     ({"algorithm.policyLoss": "gspo"}, "spec.algorithm.lossAggMode", "seq-mean-token-mean with policyLoss gspo"),
     ({"algorithm.policyLoss": "sapo"}, "spec.algorithm.lossAggMode", "seq-mean-token-mean with policyLoss sapo"),
     ({"algorithm.policyLoss": "geo_mean", "algorithm.lossAggMode": "token-mean"}, "spec.algorithm.lossAggMode",

@@ -200,7 +200,7 @@ class Actor:
         trainer = self.spec.trainer
         minibatches = self._micro_batches(samples, trainer.micro_batch_size_per_gpu, trainer.max_tokens_per_gpu)
         timings: dict[str, float] = {}
-        old_logp, ref_logp = self._logprobs(minibatches, off_policy, timings)
+        old_logp, ref_logp = self._logprobs(samples, minibatches, off_policy, timings)
         rewards, mask = batching.token_rewards(samples)
         rewards, metrics = self._kl_in_reward(samples, minibatches, rewards, mask, old_logp, ref_logp)
         metrics |= self._correct_for_the_rollout(minibatches, old_logp)
@@ -303,25 +303,59 @@ class Actor:
     def _micro_batches(self, samples: list[Sample], max_count: int, max_tokens: int | None) -> list[list[MicroBatch]]:
         """This rank's share of every mini-batch, cut into micro-batches (by count or tokens)."""
         per_mini = self.spec.trainer.mini_batch_size * self.spec.rollout.n
-        pack = self.pack
-        out = []
-        for start in range(0, len(samples), per_mini):
-            share = batching.rank_share(list(range(start, start + per_mini)), self.rank, self.world)
-            groups = batching.micro_batches(share, samples, max_count=max_count, max_tokens=max_tokens, packed=pack)
-            mbs = [batching.collate(g, samples, None, self.pad_token_id, self.device, pack=pack) for g in groups]
-            if self.image_processor is not None:
-                for mb in mbs:
-                    pixels = vision.pixel_inputs(self.image_processor, [b for i in mb.indices for b in samples[i].images])
-                    mb.pixels = pixels.to(self.device) if pixels is not None else None
-            out.append(mbs)
-        return out
+        groups = [batching.micro_batches(batching.rank_share(list(range(start, start + per_mini)), self.rank, self.world),
+                                         samples, max_count=max_count, max_tokens=max_tokens, packed=self.pack)
+                  for start in range(0, len(samples), per_mini)]
+        return [self._collate(samples, g) for g in self._as_many_on_every_rank(groups, max_tokens)]
 
-    def _logprobs(self, minibatches, off_policy: bool, timings: dict[str, float]) -> tuple[dict, dict | None]:
+    def _as_many_on_every_rank(self, groups: list[list[list[int]]], max_tokens: int | None) -> list[list[list[int]]]:
+        """Each part's micro-batches split until every rank has as many as the one with the most
+        (a collective; by count, equal shares make equal numbers already)."""
+        if max_tokens is None or self.world == 1:
+            return groups
+        counts = torch.tensor([len(g) for g in groups], dtype=torch.int64, device=self.device)
+        dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+        return [batching.split_to(g, n) for g, n in zip(groups, counts.tolist())]
+
+    def _collate(self, samples: list[Sample], groups: list[list[int]]) -> list[MicroBatch]:
+        mbs = [batching.collate(g, samples, None, self.pad_token_id, self.device, pack=self.pack) for g in groups]
+        if self.image_processor is not None:
+            for mb in mbs:
+                pixels = vision.pixel_inputs(self.image_processor, [b for i in mb.indices for b in samples[i].images])
+                mb.pixels = pixels.to(self.device) if pixels is not None else None
+        return mbs
+
+    def _forward_only(self, samples: list[Sample], flat: list[MicroBatch]):
+        """model -> its log-probs {id(update micro-batch): [b, L-1]}. With
+        trainer.logProbMaxTokensPerGPU the forward passes run on micro-batches of their own (they
+        keep no activations for a backward pass, so larger ones fit) and their results go back
+        into the update's layout."""
+        temperature = self.spec.rollout.temperature
+        budget = self.spec.trainer.log_prob_max_tokens_per_gpu
+        if budget is None:
+            return lambda model: dict(zip(map(id, flat), compute_logprobs(model, flat, temperature)))
+        indices = [i for mb in flat for i in mb.indices]
+        width = max(len(samples[i].response_ids) for i in indices)
+        forward: list[MicroBatch] = []     # collated at the first pass that needs them
+
+        def logprobs(model):
+            if not forward:
+                groups = batching.micro_batches(indices, samples, max_count=len(indices), max_tokens=budget,
+                                                packed=self.pack)
+                forward.extend(self._collate(samples, self._as_many_on_every_rank([groups], budget)[0]))
+            per_sample = batching.gather_response_values(forward, compute_logprobs(model, forward, temperature),
+                                                         samples, width)
+            return {id(mb): batching.scatter_response_values(mb, per_sample, samples, like=mb.response_mask.float())
+                    for mb in flat}
+        return logprobs
+
+    def _logprobs(self, samples: list[Sample], minibatches, off_policy: bool,
+                  timings: dict[str, float]) -> tuple[dict, dict | None]:
         """Old logprobs (the PPO ratio's denominator) and reference logprobs (the KL loss), by
         id(micro-batch). Old ones are computed only when an update is off-policy; missing ones
         mean the current logprobs, detached (ratio 1)."""
-        temperature = self.spec.rollout.temperature
         flat = [mb for mbs in minibatches for mb in mbs]
+        forward = self._forward_only(samples, flat)
         old_logp, timings["timing_s/old_log_prob"] = {}, 0.0    # 0: no forward pass (perf/mfu counts them)
         rc = self.spec.algorithm.rollout_correction
         if off_policy or rc is not None:        # what follows reads the engine's log-probs
@@ -336,13 +370,13 @@ class Actor:
               or rc is not None):                                         # decoupled: pi_old against pi_rollout
             start = time.perf_counter()
             self.model.eval()
-            old_logp = dict(zip(map(id, flat), compute_logprobs(self.model, flat, temperature)))
+            old_logp = forward(self.model)
             timings["timing_s/old_log_prob"] = time.perf_counter() - start
         start = time.perf_counter()
         ref_logp = None
         if self.uses_reference:
             with self._reference() as ref:
-                ref_logp = dict(zip(map(id, flat), compute_logprobs(ref, flat, temperature)))
+                ref_logp = forward(ref)
         timings["timing_s/ref"] = time.perf_counter() - start
         return old_logp, ref_logp
 

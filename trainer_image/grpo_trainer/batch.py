@@ -158,6 +158,21 @@ def micro_batches(indices: list[int], samples: list[Sample], *, max_count: int,
     return groups
 
 
+def split_to(groups: list[list[int]], count: int) -> list[list[int]]:
+    """`groups` cut into `count` micro-batches, halving the largest first: with a token budget
+    the ranks' shares can fall into different numbers of micro-batches, but every forward and
+    backward of FSDP is a collective, so all ranks must run as many (verl all-reduces the count
+    too). A part of a group that fits the budget fits it."""
+    groups = [list(g) for g in groups]
+    while len(groups) < count:
+        largest = max(range(len(groups)), key=lambda k: len(groups[k]))
+        g = groups[largest]
+        if len(g) < 2:
+            raise ValueError(f"{sum(map(len, groups))} samples can't make {count} micro-batches")
+        groups[largest:largest + 1] = [g[:len(g) // 2], g[len(g) // 2:]]
+    return groups
+
+
 @dataclass
 class Packed:
     """A micro-batch's samples as one row without padding (model.useRemovePadding): each with its
@@ -203,11 +218,18 @@ def set_response_values(micro_batches: list[MicroBatch], samples: list[Sample], 
     """Write `per_sample[i, :len(response i)]` ([N, T], by sample index) into each micro-batch's
     `name` tensor, at the positions of sample i's response."""
     for mb in micro_batches:
-        out = torch.zeros_like(mb.response_mask)
-        for row, i in enumerate(mb.indices):
-            span = response_span(mb, row, samples)
-            out[row, span] = per_sample[i, :span.stop - span.start].to(out)
-        setattr(mb, name, out)
+        setattr(mb, name, scatter_response_values(mb, per_sample, samples, like=mb.response_mask))
+
+
+def scatter_response_values(mb: MicroBatch, per_sample: torch.Tensor, samples: list[Sample], *,
+                            like: torch.Tensor) -> torch.Tensor:
+    """`per_sample[i, :len(response i)]` at the positions of sample i's response in `mb`'s
+    [b, L-1] layout (dtype and device of `like`), zero elsewhere."""
+    out = torch.zeros_like(like)
+    for row, i in enumerate(mb.indices):
+        span = response_span(mb, row, samples)
+        out[row, span] = per_sample[i, :span.stop - span.start].to(out)
+    return out
 
 
 def gather_response_values(micro_batches: list[MicroBatch], per_mb: list[torch.Tensor], samples: list[Sample],
