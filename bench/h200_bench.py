@@ -14,6 +14,9 @@ subcommand runs on a CPU in seconds (the local check before the GPU run).
            actor.compute_logprobs (reference) + actor.update_policy, per maxTokensPerGPU, LM head
            (--heads fused,logits: model.useFusedKernels) and layout (--layouts padded,packed:
            model.useRemovePadding); --lengths skewed: realistic lengths, the same tokens (issue 34)
+  ref      issue 47 item 4: the reference forward alone (compute_logprobs, forward-only) per token
+           budget of its micro-batches (trainer.logProbMaxTokensPerGPU), and the cost of mapping
+           its log-probs into the update's 16 K layout, checked against that layout's own forward
   gen      generation with the hf engine: the pre-issue-14 engine ("baseline", a copy in
            bench/hf_engine_baseline.py) and the current one
   sync     gRPC weight sync of the full model to a `grpo rollout` server subprocess (hf, GPU)
@@ -380,6 +383,61 @@ def cmd_train(args) -> None:
         del mbs
 
 
+def cmd_ref(args) -> None:
+    import torch
+    from transformers import AutoConfig
+
+    from grpo_trainer import actor, batch as batching
+    from grpo_trainer.model import build_reference
+    dev = device()
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    init_dist(dev)
+    w = workload(args)
+    spec = load_bench_job(args, **dict(kv.split("=", 1) for kv in args.set)).spec
+    config = AutoConfig.from_pretrained(spec.model.path)
+    peak = matmul_rate(dev)
+    ref = build_reference(spec.model, dev, cpu_offload=False, compile=args.compile)
+    samples = synthetic_samples(w, config.vocab_size)
+    tokens = sum(s.length for s in samples)
+    flops = model_flops(config, w["prompt_len"] + w["response_len"])
+    temperature = spec.rollout.temperature
+    everyone = list(range(len(samples)))
+
+    def collated(budget):
+        groups = batching.micro_batches(everyone, samples, max_count=len(samples), max_tokens=budget)
+        return [batching.collate(g, samples, None, 0, dev) for g in groups]
+    update = collated(args.max_tokens[0])           # the update's layout; its own forward is the check
+    own = actor.compute_logprobs(ref, update, temperature)
+    width = max(len(s.response_ids) for s in samples)
+    for budget in args.max_tokens:
+        forward = collated(budget)
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        times = []
+        for _ in range(args.warmup + args.steps):
+            sync(dev)
+            t0 = time.perf_counter()
+            logp = actor.compute_logprobs(ref, forward, temperature)
+            sync(dev)
+            times.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        per_sample = batching.gather_response_values(forward, logp, samples, width)
+        mapped = [batching.scatter_response_values(mb, per_sample, samples, like=mb.response_mask.float())
+                  for mb in update]
+        sync(dev)
+        map_s = time.perf_counter() - t0
+        diff = max(float(((m - o.float()) * mb.response_mask).abs().max()) for m, o, mb in zip(mapped, own, update))
+        ref_s = median(times[args.warmup:])
+        log(f"ref forward, {budget} tokens a micro-batch ({len(forward)}): {ref_s:.3f}s, map {map_s:.3f}s, "
+            f"max |diff| against the {args.max_tokens[0]} layout {diff:.3g}")
+        emit(args, "ref", log_prob_max_tokens_per_gpu=budget, micro_batches=len(forward), compiled=args.compile,
+             tokens=tokens, steps=times, warmup=args.warmup, ref_s=ref_s, map_s=map_s,
+             mfu_ref=tokens * flops["fwd_per_token"] / ref_s / peak, max_abs_diff_vs_update_layout=diff,
+             update_layout_tokens=args.max_tokens[0], peak_tflops=peak / 1e12,
+             max_mem_gb=torch.cuda.max_memory_allocated(dev) / 1e9 if dev.type == "cuda" else None)
+
+
 # --- generation ------------------------------------------------------------------------------------
 
 def load_engine(args, variant: str, model_dir: str):
@@ -445,6 +503,8 @@ def start_rollout_server(args, job_path: str, token: str, log_path: Path, gpu: i
     """`grpo rollout` (via its module: the package may not be installed) on a free port; on GPU
     `gpu` alone when given (CUDA_VISIBLE_DEVICES, as a pod of its own sees it)."""
     env = {**os.environ, "GRPO_RPC_TOKEN": token, "PYTHONUNBUFFERED": "1"}
+    if os.environ.get("BENCH_ROLLOUT_MPS_PERCENTAGE"):   # the server's share of the SMs under MPS, apart from the trainer's
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = os.environ["BENCH_ROLLOUT_MPS_PERCENTAGE"]
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     code = "import sys; from grpo_rollout.serve import main; sys.exit(main(sys.argv[1:]))"
@@ -759,7 +819,7 @@ def main(argv=None) -> int:
         import faulthandler
         faulthandler.dump_traceback_later(int(os.environ["BENCH_DUMP_S"]), repeat=True)
     p = bench_parser(__doc__)
-    p.add_argument("command", choices=["build", "matmul", "train", "gen", "sync", "storage", "step", "trl"])
+    p.add_argument("command", choices=["build", "matmul", "train", "ref", "gen", "sync", "storage", "step", "trl"])
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--reps", type=int, default=1)

@@ -67,6 +67,21 @@ run() {  # run NAME LIMIT_S MIN_S ARGS...: skipped when the deadline leaves less
   echo "=== $name rc=$? in $(( $(date +%s) - s ))s (elapsed $(( $(date +%s) - START ))s)"
 }
 
+# Issue 47 item 5: an MPS server for this command alone (its own pipe directory; the card's compute
+# mode and settings are untouched), so that the trainer's and the rollout server's kernels can run
+# at the same time instead of in time slices. Only processes started with these variables use it.
+mps_start() {
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/grpo-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/grpo-mps/log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d && echo "=== MPS control daemon started"
+}
+mps_stop() {
+  echo quit | nvidia-cuda-mps-control
+  sleep 2
+  echo "=== MPS stopped; its log:"; tail -n 20 "$CUDA_MPS_LOG_DIRECTORY/control.log" 2>/dev/null
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+
 PHASES=${*:-build train gen-baseline gen step sync storage trl}
 for phase in $PHASES; do
   extra_var="BENCH_ARGS_${phase//-/_}"
@@ -75,6 +90,9 @@ for phase in $PHASES; do
     build)        run build 150 60 build $extra ;;
     train)        run train 200 60 train --max-tokens 16384,24576 --warmup 1 --steps 3 $extra ;;
     train-compile) run train-compile 200 100 train --compile --max-tokens 16384 --warmup 2 --steps 3 $extra ;;
+    # Issue 47 item 4: the compiled reference forward per token budget of its own micro-batches
+    # (trainer.logProbMaxTokensPerGPU); the first budget is the update's layout (needs build).
+    ref-budget)   run ref-budget 240 90 ref --compile --max-tokens 16384,32768,65536,131072 --warmup 1 --steps 3 $extra ;;
     # Issue 34: the fused LM head against the logits, packed against padded micro-batches, and
     # realistic (skewed) lengths with the same tokens per step.
     train-fused)  run train-fused 150 60 train --max-tokens 16384 --heads fused,logits --warmup 1 --steps 2 $extra ;;
@@ -88,6 +106,8 @@ for phase in $PHASES; do
     step)         run step 260 120 step --max-tokens 24576 --warmup 1 --steps 2 $extra ;;
     step-vllm)    run step-vllm 330 150 step --engine vllm --max-tokens 24576 --warmup 2 --steps 2 $extra ;;
     step-async)   run step-async 330 150 step --engine vllm --max-staleness 1 --max-tokens 24576 --warmup 2 --steps 2 $extra ;;
+    step-async-mps) mps_start && run step-async-mps 330 150 step --engine vllm --max-staleness 1 --max-tokens 24576 \
+                    --warmup 2 --steps 2 --label mps $extra; mps_stop ;;
     # Issue 33 / 30: the same step with LoRA (merged-weight sync), and PPO (gae, a critic).
     step-lora)    run step-lora 330 150 step --engine vllm --max-staleness 1 --max-tokens 24576 --warmup 2 --steps 2 \
                     --label lora-r64 --set model.lora.rank=64 --set model.lora.alpha=128 --set trainer.lr=1e-5 $extra ;;
