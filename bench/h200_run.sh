@@ -168,6 +168,15 @@ for phase in $PHASES; do
     colocated-offload) SCRIPT=bench/colocated_sleep.py run colocated-offload 260 120 --mode sleep \
                     --gpu-memory-utilization 0.85 --steps 3 --max-tokens 32768 --set spec.model.gradientCheckpointing=false \
                     --set spec.trainer.paramOffload=true --set spec.trainer.optimizerOffload=true $extra ;;
+    # Issue 47: the synchronous colocated step with everything that shortens it at once: sleep mode,
+    # gradient checkpointing off (16 K tokens a micro-batch: 32 K needs ~104 GB), the reference on
+    # 128 K-token micro-batches of its own, FP8 rollouts; BENCH_ARGS adds or overrides (bf16: none).
+    colocated-best) SCRIPT=bench/colocated_sleep.py run colocated-best 260 120 --mode sleep \
+                    --gpu-memory-utilization 0.6 --steps 3 --max-tokens 16384 --set spec.model.gradientCheckpointing=false \
+                    --set spec.trainer.logProbMaxTokensPerGPU=131072 $extra ;;
+    # Issue 47 item 3: does GRPO still learn with FP8 rollouts? The quickstart task on a 256-wide tiny
+    # Qwen3 through `grpo run` on the GPU: bf16, fp8 + TIS, fp8, an lr=0 control (bench/fp8_learning.py).
+    fp8-learning) RUN_W=$W-fl SCRIPT=bench/fp8_learning.py run fp8-learning 580 120 $extra ;;
     trl-vllm)     run trl-vllm 280 150 trl --vllm --warmup 1 --steps 2 $extra ;;
     # Issue 20, two GPUs (bench/x2_bench.py): the link, the nccl weight path and its abort, FSDP2
     # on 2 ranks, and the step with the rollout server on GPU 1 (disaggregated).
