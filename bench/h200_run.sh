@@ -168,9 +168,10 @@ for phase in $PHASES; do
     colocated-offload) SCRIPT=bench/colocated_sleep.py run colocated-offload 260 120 --mode sleep \
                     --gpu-memory-utilization 0.85 --steps 3 --max-tokens 32768 --set spec.model.gradientCheckpointing=false \
                     --set spec.trainer.paramOffload=true --set spec.trainer.optimizerOffload=true $extra ;;
-    # Issue 47: the synchronous colocated step with everything that shortens it at once: sleep mode,
-    # gradient checkpointing off (16 K tokens a micro-batch: 32 K needs ~104 GB), the reference on
-    # 128 K-token micro-batches of its own, FP8 rollouts; BENCH_ARGS adds or overrides (bf16: none).
+    # Issue 47: the synchronous colocated step with what shortens it at once: sleep mode, gradient
+    # checkpointing off (16 K tokens a micro-batch: 32 K needs ~104 GB), the reference on 128 K-token
+    # micro-batches of its own; FP8 rollouts with
+    # BENCH_ARGS_colocated_best="--set spec.rollout.quantization=fp8" (without: bf16).
     colocated-best) SCRIPT=bench/colocated_sleep.py run colocated-best 260 120 --mode sleep \
                     --gpu-memory-utilization 0.6 --steps 3 --max-tokens 16384 --set spec.model.gradientCheckpointing=false \
                     --set spec.trainer.logProbMaxTokensPerGPU=131072 $extra ;;
