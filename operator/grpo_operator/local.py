@@ -256,16 +256,21 @@ class Child:
                                          stderr=subprocess.PIPE, start_new_session=True)
             self.relay = Relay([(self.proc.stdout, sys.stdout), (self.proc.stderr, sys.stderr)])
 
-    def stop(self, grace: float = 10.0) -> None:
+    def stop(self, grace: float = 10.0, wait: bool = True) -> None:
+        """SIGTERM, then SIGKILL after `grace` seconds; wait=False: only the SIGTERM."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        if not wait:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            return
+        for sig, seconds in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
                 return
             try:
-                self.proc.wait(wait)
+                self.proc.wait(seconds)
                 return
             except subprocess.TimeoutExpired:
                 continue
@@ -406,7 +411,7 @@ class LocalRun:
         deadline = time.monotonic() + timeout
         for child, port in zip(self.rollouts, self.rollout_ports):
             stub = rollout_stub(f"127.0.0.1:{port}", self.client_auth)
-            while True:
+            while self.trainer.proc.poll() is None:     # a trainer that exited is _supervise's
                 if child.proc.poll() is not None:
                     raise LaunchError(f"{child.name} exited with {child.proc.returncode}: "
                                       f"{_last_line(child.log_path)} (full log: {child.log_path})")
@@ -437,14 +442,20 @@ class LocalRun:
             self._wait_dependencies_ready()
             for child in self.rollouts:
                 child.start(self.rollout_env)
-            self._wait_ready()
+            # The trainer starts beside its servers, as a job's pods do: its imports and model load
+            # overlap theirs (~10 s of a CPU run's start), and it waits for them before step 1.
             self.trainer.start(self.trainer_env)
+            self._wait_ready()
             return self._supervise()
         except KeyboardInterrupt:
             if self.trainer.relay is not None:
                 self.trainer.relay.mute()
             log.warning("Interrupted: stopping every process (re-run to resume from the last checkpoint)")
             return 130
+        except LaunchError:
+            if self.trainer.relay is not None:
+                self.trainer.relay.mute()     # the last line says which server could not start
+            raise
         finally:
             self.stop_all()
             for s, handler in previous.items():
@@ -475,7 +486,11 @@ class LocalRun:
             time.sleep(0.5)
 
     def stop_all(self) -> None:
-        for child in [self.trainer, *self.rollouts, *self.dependency_children]:
+        self.trainer.stop()     # first: on Ctrl-C it finishes its step on the servers and checkpoints
+        servers = [*self.rollouts, *self.dependency_children]
+        for child in servers:   # then the servers, side by side (each takes ~1 s to exit)
+            child.stop(wait=False)
+        for child in servers:
             child.stop()
 
 

@@ -213,6 +213,8 @@ class WeightPublisher:
         restarted before its first checkpoint, after servers took a later policy). One that is
         down is brought up to date before its first rollout (`ensure_version`)."""
         elsewhere = False
+        if self.rank == 0 and self.servers is not None:
+            self.servers.wait_until_ready()
         if self.rank == 0 and not force:
             for worker in self.servers.addresses():
                 try:

@@ -61,6 +61,24 @@ class RolloutServers:
             self.check_stopping("a rollout server's tools")
             time.sleep(1.0)
 
+    def wait_until_ready(self, wait_seconds: float = 120.0, poll_seconds: float = 0.2) -> None:
+        """Before the first rollout: until every server now listed answers Health ready, at most
+        `wait_seconds` (a late one is then left to the dispatcher's retries and its timeout).
+        The trainer starts beside its servers (`grpo run`, a job's pods) and loads its model while
+        they load theirs; without this wait, step 1 would be dispatched into their start-up and
+        logged as failed attempts. Returns at once when the trainer is asked to stop."""
+        deadline = time.monotonic() + wait_seconds
+        waiting = set(self.addresses(wait_seconds=wait_seconds))
+        while waiting and time.monotonic() < deadline and not self.stopping():
+            for address in list(waiting):
+                try:
+                    if self.clients.health(address, timeout=2).ready:
+                        waiting.discard(address)
+                except grpc.RpcError:
+                    pass
+            if waiting:
+                time.sleep(poll_seconds)
+
     def addresses(self, wait_seconds: float = 120.0) -> list[str]:
         """Addresses of the rollout servers now; waits (bounded) while there are none."""
         deadline = time.monotonic() + wait_seconds
