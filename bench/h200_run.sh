@@ -35,6 +35,24 @@ if [ -d "$VLLM_SITE/vllm" ]; then
   # engine needs this too; grpo_rollout's adapter sets it itself).
   export PYTHONPATH="$VLLM_SITE:$PYTHONPATH" HF_HUB_OFFLINE=1 VLLM_USE_FLASHINFER_SAMPLER=0
 fi
+# `grpo` finds its subcommands as entry points (importlib.metadata); the device has the packages
+# on PYTHONPATH, not installed, so `grpo run` (fp8-learning) and the `grpo rollout` / `grpo trainer`
+# it starts with `python -m grpo_api.cli` would find none: give them a dist-info holding
+# pyproject.toml's entry points (skipped where the project is installed, as in its venv).
+if ! $PY -c 'import sys; from importlib.metadata import entry_points as e; sys.exit(not e(group="grpo.commands"))' 2>/dev/null; then
+  EP_DIR=/tmp/grpo-entry-points
+  $PY - "$EP_DIR" <<'EOF' && export PYTHONPATH="$EP_DIR:$PYTHONPATH" || echo "entry points not written"
+import pathlib, sys, tomllib
+project = tomllib.loads(pathlib.Path("pyproject.toml").read_text())["project"]
+info = pathlib.Path(sys.argv[1]) / f"grpo_operator-{project['version']}.dist-info"
+info.mkdir(parents=True, exist_ok=True)
+(info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+groups = {"console_scripts": project.get("scripts", {}), **project.get("entry-points", {})}
+(info / "entry_points.txt").write_text("".join(
+    f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in eps.items()) + "\n" for group, eps in groups.items()))
+print(f"entry points: {sum(map(len, groups.values()))} in {info}")
+EOF
+fi
 # NVLink multicast stays off on shared hosts (KINDS.md).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 echo "=== env $(date -u +%FT%TZ)"
@@ -171,12 +189,16 @@ for phase in $PHASES; do
     # Issue 47: the synchronous colocated step with what shortens it at once: sleep mode, gradient
     # checkpointing off (16 K tokens a micro-batch: 32 K needs ~104 GB), the reference on 128 K-token
     # micro-batches of its own; FP8 rollouts with
-    # BENCH_ARGS_colocated_best="--set spec.rollout.quantization=fp8" (without: bf16).
-    colocated-best) SCRIPT=bench/colocated_sleep.py run colocated-best 260 120 --mode sleep \
+    # BENCH_ARGS_colocated_best="--set spec.rollout.quantization=fp8" (without: bf16). One run took 348 s
+    # on an H100 on 12-06 (vLLM up in 82 s with its compile cache warm, 111-126 s cold; ~2 min before the
+    # first wake; a 50 s and a 32 s compiling step): 260 s cut both earlier tries, so the limit is 420 s
+    # (COLOCATED_BEST_LIMIT_S overrides it), one run a call.
+    colocated-best) SCRIPT=bench/colocated_sleep.py run colocated-best ${COLOCATED_BEST_LIMIT_S:-420} 120 --mode sleep \
                     --gpu-memory-utilization 0.6 --steps 3 --max-tokens 16384 --set spec.model.gradientCheckpointing=false \
                     --set spec.trainer.logProbMaxTokensPerGPU=131072 $extra ;;
     # Issue 47 item 3: does GRPO still learn with FP8 rollouts? The quickstart task on a 256-wide tiny
     # Qwen3 through `grpo run` on the GPU: bf16, fp8 + TIS, fp8, an lr=0 control (bench/fp8_learning.py).
+    # One after another they don't fit the 580 s: BENCH_ARGS_fp8_learning="--parallel 4" (438 s on 12-06).
     fp8-learning) RUN_W=$W-fl SCRIPT=bench/fp8_learning.py run fp8-learning 580 120 $extra ;;
     trl-vllm)     run trl-vllm 280 150 trl --vllm --warmup 1 --steps 2 $extra ;;
     # Issue 20, two GPUs (bench/x2_bench.py): the link, the nccl weight path and its abort, FSDP2
