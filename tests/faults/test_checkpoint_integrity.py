@@ -67,7 +67,7 @@ def signed_run(tmp_path_factory, tiny_model, train_data) -> Path:
     tmp = tmp_path_factory.mktemp("signed")
     token = secrets.token_hex(16)
     job = _job(tmp / "job.yaml", tmp / "store", tiny_model, train_data)
-    (server,) = start_rollout_servers(job, token, 1, tmp)
+    (server,) = start_rollout_servers(job, token, 1, tmp, ready=False)
     try:
         result = run_trainer(job, rollout=server.address, token=token, nproc=1)
     finally:
@@ -141,7 +141,7 @@ def test_a_planted_pickle_never_runs_on_s3(tmp_path, tiny_model, train_data, s3,
     job.write_text(yaml.safe_dump(doc, sort_keys=False))
     ckpt = f"s3://{s3.BUCKET}/runs/default/{NAME}/checkpoints/step-1"
     token = secrets.token_hex(16)
-    (server,) = start_rollout_servers(job, token, 1, tmp_path)
+    (server,) = start_rollout_servers(job, token, 1, tmp_path, ready=False)
     try:
         assert run_trainer(job, rollout=server.address, token=token, nproc=1).returncode == 0
         storage = s3.storage()

@@ -182,7 +182,7 @@ def test_a_stop_while_the_rollout_servers_are_gone_ends_the_trainer_at_once(tmp_
                     storage=tmp_path / "store", rollout={"replicas": 1, "requestTimeoutSeconds": 600},
                     weightSync={"backend": "grpc"}, trainer={"nprocPerNode": 1, "totalSteps": 50, "saveFreq": 1})
     root = run_root(tmp_path / "store", "orphaned")
-    (server,) = start_rollout_servers(job, token, 1, tmp_path)
+    (server,) = start_rollout_servers(job, token, 1, tmp_path, ready=False)
     log_path = tmp_path / "trainer.log"
     with open(log_path, "wb") as out:
         pod_argv = [*grpo_cli(), "trainer", "--torchrun", *trainer_argv(job, server.address, 1)[3:]]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import socket
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -15,16 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from integration_helpers import child_env, grpo_cli
+from integration_helpers import child_env, free_port, grpo_cli
 from polling import wait_until
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def require_browser():

@@ -65,7 +65,7 @@ def resumed_run(tmp_path_factory, tiny_model, dense_reward) -> Path:
     doc = yaml.safe_load(job.read_text())
     doc["spec"]["storage"]["keepRolloutsSteps"] = 1
     job.write_text(yaml.safe_dump(doc, sort_keys=False))
-    servers = start_rollout_servers(job, token, 1, tmp)
+    servers = start_rollout_servers(job, token, 1, tmp, ready=False)
     try:
         rollout = servers[0].address
         result = run_trainer(job, rollout=rollout, token=token)

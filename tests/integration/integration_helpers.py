@@ -94,11 +94,13 @@ def run_root(storage: Path, name: str) -> Path:
 # --- rollout servers ----------------------------------------------------------------------------
 
 class RolloutServer:
-    """`grpo rollout` as a child process on a free loopback port."""
+    """`grpo rollout` as a child process on a loopback port (`port` 0: one it picks)."""
 
     def __init__(self, job_file: Path, log_path: Path, token: str, worker_id: str, timeout: float = 300.0,
-                 port: int = 0, args: tuple[str, ...] = ()):
-        """args: more `grpo rollout` arguments (later ones win, e.g. --metrics-port 0)."""
+                 port: int = 0, args: tuple[str, ...] = (), wait: bool = True):
+        """args: more `grpo rollout` arguments (later ones win, e.g. --metrics-port 0).
+        wait=False: returns once started (`address` is known when `port` is given); the trainer
+        waits for its servers itself, `wait_ready()` is for the test."""
         self.token, self.log_path, self.worker_id = token, log_path, worker_id
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(
@@ -106,21 +108,26 @@ class RolloutServer:
              "--metrics-port", "-1", "--worker-id", worker_id, "--device", "cpu", "--grace", "1", *args],
             stdout=subprocess.PIPE, stderr=self._log, env=child_env(GRPO_RPC_TOKEN=token), cwd=job_file.parent)
         self.info: dict = {}
-        reader = threading.Thread(target=self._read_ready, daemon=True)
-        reader.start()
-        reader.join(timeout)
+        self._said_ready = threading.Event()
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+        self.address = f"127.0.0.1:{port}" if port else ""
+        if wait:
+            self.wait_ready(timeout)
+
+    def _read_stdout(self) -> None:
+        for line in self.proc.stdout:      # to the end: the server never blocks on a full pipe
+            text = line.decode(errors="replace")
+            if not self.info and text.startswith(READY_PREFIX):
+                self.info.update(json.loads(text[len(READY_PREFIX):]))
+                self._said_ready.set()
+        self._said_ready.set()             # exited without the ready line
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        self._said_ready.wait(timeout)
         if not self.info:
             self.stop()
-            raise RuntimeError(f"rollout server {worker_id} not ready: {self.log()}")
+            raise RuntimeError(f"rollout server {self.worker_id} not ready: {self.log()}")
         self.address = f"127.0.0.1:{self.info['port']}"
-        threading.Thread(target=self.proc.stdout.read, daemon=True).start()   # never block on a full pipe
-
-    def _read_ready(self) -> None:
-        for line in self.proc.stdout:
-            text = line.decode(errors="replace")
-            if text.startswith(READY_PREFIX):
-                self.info.update(json.loads(text[len(READY_PREFIX):]))
-                return
 
     def stub(self):
         from grpo_api.rpc import rollout_stub
@@ -150,11 +157,18 @@ class RolloutServer:
         self._log.close()
 
 
-def start_rollout_servers(job_file: Path, token: str, count: int, log_dir: Path) -> list[RolloutServer]:
+def start_rollout_servers(job_file: Path, token: str, count: int, log_dir: Path,
+                          ready: bool = True) -> list[RolloutServer]:
+    """`count` servers, started side by side (each takes seconds to load), all ready on return.
+    ready=False: on ports picked here, returned at once, for a trainer started next to load its
+    model while they load theirs (it waits for them, as in a job's pods)."""
     servers: list[RolloutServer] = []
     try:
         for i in range(count):
-            servers.append(RolloutServer(job_file, log_dir / f"rollout-{i}.log", token, f"rollout-{i}"))
+            servers.append(RolloutServer(job_file, log_dir / f"rollout-{i}.log", token, f"rollout-{i}",
+                                         port=0 if ready else free_port(), wait=False))
+        for server in servers if ready else ():
+            server.wait_ready()
     except BaseException:
         for s in servers:
             s.stop()
@@ -261,6 +275,13 @@ def alive(pid: int, start_time: int) -> bool:
     """The process `pid` started at `start_time` still runs (a reused pid does not count)."""
     st = _stat(pid)
     return st is not None and st[1] == start_time and st[2] != "Z"
+
+
+def free_port() -> int:
+    """A loopback port free now (the next bind may race another process: as `grpo run`'s)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def port_in_use(port: int) -> bool:

@@ -29,7 +29,7 @@ def test_filter_groups_trains_on_informative_groups_only(tmp_path, tiny_model, q
                     storage=tmp_path / "store", algorithm={"filterGroups": True},
                     reward={"function": f"{slow}:compute_score"}, rollout={"maxStaleness": 1},
                     trainer={"totalSteps": 2})
-    servers = start_rollout_servers(job, token, 2, tmp_path)
+    servers = start_rollout_servers(job, token, 2, tmp_path, ready=False)
     try:
         result = run_trainer(job, rollout=",".join(s.address for s in servers), token=token)
     finally:

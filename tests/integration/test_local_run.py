@@ -104,6 +104,9 @@ def test_quickstart_reward_rises_beyond_a_no_learning_control(learning_runs, run
     assert all(r["actor/lr"] == pytest.approx(CONTROL_LR) for r in read_metrics(learning_runs["control"]))
     if run == "ppo":   # the critic trained beside the policy, every step
         assert all(r["critic/vf_loss"] >= 0 and r["critic/lr"] == 2e-3 for r in read_metrics(learning_runs[run]))
+    # the trainer starts beside its rollout servers and waits for them: nothing was dispatched
+    # into their start-up (a failed attempt, re-dispatched), in any step
+    assert all(r["rollout/redispatched_shards"] == 0 for r in read_metrics(learning_runs[run]))
     staleness = [r["rollout/staleness"] for r in read_metrics(learning_runs[run])]
     assert staleness == [0] + [1 if run == "stale" else 0] * (LEARN_STEPS - 1)
 

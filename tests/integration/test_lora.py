@@ -54,10 +54,12 @@ def lora_run(tmp_path_factory, tiny_model, quickstart_data, dense_reward):
                     trainer={"totalSteps": STEPS, "saveFreq": 2, "lr": 2e-2},
                     weightSync={"backend": "nccl"})   # the collective path (gloo on CPU)
     metrics = ("--metrics-port", "0")
-    servers = [RolloutServer(job, tmp / "rollout-0.log", token, "rollout-0", args=metrics)]
+    servers = [RolloutServer(job, tmp / "rollout-0.log", token, "rollout-0", args=metrics, wait=False)]
     try:
         servers.append(RolloutServer(job, tmp / "rollout-1.log", token, "rollout-1",
-                                     args=(*metrics, "--no-lora-adapters")))
+                                     args=(*metrics, "--no-lora-adapters"), wait=False))
+        for s in servers:      # started side by side
+            s.wait_ready()
         result = run_trainer(job, rollout=",".join(s.address for s in servers), token=token)
         assert result.returncode == 0, result.output[-8000:]
         yield Run(run_root(tmp / "store", "lora"), result.output, servers, token)

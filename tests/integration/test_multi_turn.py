@@ -53,7 +53,7 @@ def lookup_job(tmp, name, model, train, *, lr, steps, tools=("grpo_rollout.tool_
 
 def run_job(job, tmp, name):
     token = secrets.token_hex(16)
-    [server] = start_rollout_servers(job, token, 1, tmp)
+    [server] = start_rollout_servers(job, token, 1, tmp, ready=False)
     try:
         result = run_trainer(job, rollout=server.address, token=token, nproc=1, timeout=1500)
         assert result.returncode == 0, result.output[-8000:]
@@ -172,7 +172,7 @@ def test_filter_overlong_prompts_counts_the_tools_the_rollout_servers_report(loo
     doc["spec"]["data"].update(maxPromptLength=limit, filterOverlongPrompts=True)
     job.write_text(yaml.safe_dump(doc))
     token = secrets.token_hex(16)
-    [server] = start_rollout_servers(job, token, 1, tmp_path)
+    [server] = start_rollout_servers(job, token, 1, tmp_path, ready=False)
     try:
         result = run_trainer(job, rollout=server.address, token=token, nproc=1, timeout=900)
     finally:

@@ -38,7 +38,7 @@ def finished_run(tmp_path_factory, tiny_model, quickstart_data, dense_reward) ->
     job = write_job(tmp / "export.yaml", name="export", model=tiny_model, train=quickstart_data[0],
                     storage=tmp / "store", reward={"function": dense_reward},
                     trainer={"totalSteps": STEPS, "saveFreq": 2})
-    servers = start_rollout_servers(job, token, 2, tmp)
+    servers = start_rollout_servers(job, token, 2, tmp, ready=False)
     try:
         result = run_trainer(job, rollout=",".join(s.address for s in servers), token=token)
         assert result.returncode == 0, result.output[-8000:]

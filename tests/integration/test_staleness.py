@@ -46,7 +46,7 @@ def stale_run(tmp_path_factory, tiny_model, quickstart_data, dense_reward):
     tmp = tmp_path_factory.mktemp("stale")
     token = secrets.token_hex(16)
     job = _job(tmp, "stale", tiny_model, quickstart_data, dense_reward)
-    servers = start_rollout_servers(job, token, 2, tmp)
+    servers = start_rollout_servers(job, token, 2, tmp, ready=False)
     try:
         result = run_trainer(job, rollout=",".join(s.address for s in servers), token=token)
         assert result.returncode == 0, result.output[-8000:]

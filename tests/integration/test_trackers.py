@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import secrets
-import socket
 import struct
 import subprocess
 import sys
@@ -26,19 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from integration_helpers import child_env, read_metrics, run_root, run_trainer, start_rollout_servers, wait_until, write_job
+from integration_helpers import child_env, free_port, read_metrics, run_root, run_trainer, start_rollout_servers, wait_until, write_job
 
 pytestmark = pytest.mark.integration
 
 NAME = "tracked"
 PASSWORD = "mlflow-" + secrets.token_hex(12)           # recognisable, to look for in logs and files
 WANDB_KEY = "local-" + secrets.token_hex(20)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -108,7 +101,7 @@ def _train(tmp: Path, job: Path, total: int, attempt: int) -> str:
     token = secrets.token_hex(16)
     logs = tmp / f"attempt-{attempt}"
     logs.mkdir()
-    servers = start_rollout_servers(job, token, 1, logs)
+    servers = start_rollout_servers(job, token, 1, logs, ready=False)
     try:
         result = run_trainer(job, rollout=servers[0].address, token=token, overrides=(f"trainer.totalSteps={total}",),
                              log_path=logs / "trainer.log")
@@ -267,7 +260,7 @@ def test_a_tracker_that_refuses_the_run_stops_the_trainer_naming_the_field(tmp_p
     monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
     token = secrets.token_hex(16)
-    servers = start_rollout_servers(job, token, 1, tmp_path)
+    servers = start_rollout_servers(job, token, 1, tmp_path, ready=False)
     try:
         result = run_trainer(job, rollout=servers[0].address, token=token)
     finally:

@@ -63,7 +63,7 @@ def two_rank_run(tmp_path_factory, tiny_model, quickstart_data, dense_reward):
                              # of them), the reference's forward on larger ones of its own
                              "maxTokensPerGPU": 38, "logProbMaxTokensPerGPU": 76},
                     weightSync={"backend": "nccl"})
-    servers = start_rollout_servers(job, token, 2, tmp)
+    servers = start_rollout_servers(job, token, 2, tmp, ready=False)
     try:
         result = run_trainer(job, rollout=",".join(s.address for s in servers), token=token)
         assert result.returncode == 0, result.output[-8000:]

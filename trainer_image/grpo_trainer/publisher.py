@@ -214,7 +214,7 @@ class WeightPublisher:
         down is brought up to date before its first rollout (`ensure_version`)."""
         elsewhere = False
         if self.rank == 0 and self.servers is not None:
-            self.servers.wait_until_ready()
+            self.servers.wait_until_serving()
         if self.rank == 0 and not force:
             for worker in self.servers.addresses():
                 try:

@@ -7,6 +7,7 @@ through one `RolloutServers`.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 
@@ -15,6 +16,7 @@ import grpc
 from grpo_api.contracts import split_addresses
 from grpo_api.rpc import ClientAuth, RolloutClients
 
+log = logging.getLogger(__name__)
 
 NOT_READY_HINT = ("the rollout server pods are not ready, or a server they call (a reward model, the python "
                   "sandbox) is not; on Kubernetes the GRPOJob's ServersFailing condition (kubectl describe gj) "
@@ -61,23 +63,28 @@ class RolloutServers:
             self.check_stopping("a rollout server's tools")
             time.sleep(1.0)
 
-    def wait_until_ready(self, wait_seconds: float = 120.0, poll_seconds: float = 0.2) -> None:
-        """Before the first rollout: until every server now listed answers Health ready, at most
+    def wait_until_serving(self, wait_seconds: float = 120.0, poll_seconds: float = 0.2) -> None:
+        """Before the first rollout: until every server now listed answers Health, at most
         `wait_seconds` (a late one is then left to the dispatcher's retries and its timeout).
         The trainer starts beside its servers (`grpo run`, a job's pods) and loads its model while
         they load theirs; without this wait, step 1 would be dispatched into their start-up and
-        logged as failed attempts. Returns at once when the trainer is asked to stop."""
+        logged as failed attempts. An answer is enough, ready or not: a server without known
+        weights (colocated, asleep at level 2; a failed sync) is ready only once the trainer has
+        sent them. Returns at once when the trainer is asked to stop."""
         deadline = time.monotonic() + wait_seconds
         waiting = set(self.addresses(wait_seconds=wait_seconds))
         while waiting and time.monotonic() < deadline and not self.stopping():
             for address in list(waiting):
                 try:
-                    if self.clients.health(address, timeout=2).ready:
-                        waiting.discard(address)
+                    self.clients.health(address, timeout=2)
+                    waiting.discard(address)
                 except grpc.RpcError:
                     pass
             if waiting:
                 time.sleep(poll_seconds)
+        if waiting and not self.stopping():
+            log.warning("Rollout server(s) %s not answering after %.0fs; starting anyway (a shard sent to "
+                        "one is retried elsewhere)", ", ".join(sorted(waiting)), wait_seconds)
 
     def addresses(self, wait_seconds: float = 120.0) -> list[str]:
         """Addresses of the rollout servers now; waits (bounded) while there are none."""
