@@ -46,7 +46,7 @@ class Servers:
     """What rank 0's EngineSleep talks to: RolloutServers' addresses() and clients."""
 
     def __init__(self, addresses, token):
-        self._addresses, self.clients = addresses, RolloutClients(token)
+        self._addresses, self.token, self.clients = addresses, token, RolloutClients(token)
 
     def addresses(self):
         return self._addresses
@@ -163,3 +163,31 @@ def test_sleep_is_only_for_colocated_synchronous_jobs(tiny_model, tmp_path):
     stale = spec.model_copy(update={"rollout": spec.rollout.model_copy(update={"placement": "colocated",
                                                                                "max_staleness": 1})})
     assert not EngineSleep(stale, None, rank=0).enabled
+
+
+def test_the_trainer_waits_for_servers_to_answer_not_to_hold_weights(serve, caplog):
+    """Before step 1 rank 0 waits for its servers to answer (RolloutServers.wait_until_serving).
+    A colocated server asleep at level 2 answers "not ready, version unknown" until the trainer's
+    first sync: waiting for *ready* ran to the wait's bound (120 s) on a GPU. A listed address
+    where nothing answers is waited for, then named."""
+    import logging
+    import socket
+
+    from grpo_trainer.rollout_servers import RolloutServers
+    worker, servers, sleep = serve(DroppingHFEngine)
+    sleep.sleep()
+    address = servers.addresses()[0]
+    assert not servers.clients.health(address).ready
+    with socket.socket() as s:          # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        silent = f"127.0.0.1:{s.getsockname()[1]}"
+    def said():
+        return [r.getMessage() for r in caplog.records if r.name == "grpo_trainer.rollout_servers"]
+
+    with caplog.at_level(logging.WARNING, logger="grpo_trainer.rollout_servers"):
+        RolloutServers(lambda: [address], servers.token).wait_until_serving(wait_seconds=60)
+        assert not said()                  # it answered: no wait to the bound
+        RolloutServers(lambda: [address, silent], servers.token).wait_until_serving(wait_seconds=1)
+    assert said() == [
+        f"Rollout server(s) {silent} not answering after 1s; starting anyway (a shard sent to one is retried "
+        "elsewhere)"]
