@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from integration_helpers import child_env, free_port, read_metrics, run_root, run_trainer, start_rollout_servers, wait_until, write_job
+from integration_helpers import (child_env, free_port, read_metrics, run_root, run_trainer, start_rollout_servers,
+                                 wait_until, write_job)
 
 pytestmark = pytest.mark.integration
 
