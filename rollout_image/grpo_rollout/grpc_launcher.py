@@ -10,19 +10,21 @@ started before anything loads so /ready answers 503 meanwhile; one line on stdou
 
 which is how a parent process (the local launcher, tests) learns the ports and that it's ready;
 and SIGTERM/SIGINT: stop accepting calls, let running ones finish for `--grace` seconds, then
-close what the server built, last built first.
+close what the server built, last built first. SIGUSR1 writes every thread's stack to the log.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import logging
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -118,9 +120,13 @@ def run_server(prog: str, args: argparse.Namespace, ready_prefix: str, start: Ca
     except (JobError, TokenError, TLSError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return BAD_INPUT_EXIT_CODE
-    stop = threading.Event()
+    # The handler takes no lock: Python runs it in the main thread between two bytecodes, and
+    # one that set a threading.Event there could wait forever on the Event's own lock, held by the
+    # main thread's wait at that moment. The main thread polls instead.
+    stop: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda signum, _: stop.append(signum))
+    faulthandler.register(signal.SIGUSR1, all_threads=True)   # `kill -USR1 PID`: every thread's stack, in the log
     launch = Launch(args, job, token, tls)
     serving = None
     try:
@@ -134,11 +140,11 @@ def run_server(prog: str, args: argparse.Namespace, ready_prefix: str, start: Ca
                 **serving.ready, "pid": os.getpid(), "tls": tls is not None}
         print(ready_prefix + json.dumps(info), flush=True)
         log.info("%s", serving.message)
-        # Timed: Python runs a signal's handler in the main thread, and when the kernel hands the
+        # Polled: Python runs a signal's handler in the main thread, and when the kernel hands the
         # signal to another thread (gRPC's, the reward pool's) an untimed wait never wakes to run it
         # (a SIGTERM from the launcher's death, in tests/faults, left a server up for good).
-        while not stop.wait(1.0):
-            pass
+        while not stop:
+            time.sleep(0.2)
         if serving.log_stop:
             log.info("stopping: letting running calls finish for %.0fs", args.grace)
     finally:
@@ -153,7 +159,6 @@ def _abandon_running_threads(log: logging.Logger, wait: float = 2.0) -> None:
     """A stopped server exits even when a call's thread is still blocked (its caller gone, e.g. a
     trainer killed with its launcher): Python would wait for it at exit, forever, and the pod for
     the kubelet's SIGKILL. Such threads are named, with where they wait, then the process ends."""
-    import time
     import traceback
     deadline = time.monotonic() + wait
     for thread in threading.enumerate():

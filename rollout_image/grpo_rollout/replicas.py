@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import grpc
 
@@ -34,6 +36,18 @@ class ReplicasUnavailable(RuntimeError):
         self.errors = errors
 
 
+@dataclass(eq=False)
+class _Channel:
+    """A channel and the calls on it now: one that failed is replaced at once (a fresh channel
+    reaches a restarted server without gRPC's reconnect backoff) but closed only once the last of
+    its calls is over. Calls from several threads share it (a rollout server's tool calls, its
+    reward requests); closing it under another call made that call raise ValueError, not an
+    RpcError ('crash' tool errors in a CI run of tests/integration/test_sandbox_run)."""
+    channel: grpc.Channel
+    calls: int = 0
+    replaced: bool = False
+
+
 class Replicas:
     def __init__(self, what: str, addresses: list[str], auth: ClientAuth | str, stub: Callable[[grpc.Channel], object],
                  *, retry_pause: float = 1.0, on_error: Callable[[str], None] | None = None,
@@ -42,21 +56,31 @@ class Replicas:
             raise ValueError(f"{what}: no server address")
         self.what, self.addresses, self._auth, self._make_stub = what, list(addresses), auth, stub
         self._pause, self._on_error = retry_pause, on_error
-        self._channels: dict[str, grpc.Channel] = {}
+        self._channels: dict[str, _Channel] = {}
+        self._lock = threading.Lock()
         self._next = itertools.count()
         self._warn_every, self._clock = warn_every, clock
         self._warned: dict[str, float] = {}         # address -> when it was last warned about
         self._quiet: dict[str, int] = {}            # address -> failures not warned about since
 
-    def _stub(self, address: str):
-        if address not in self._channels:
-            self._channels[address] = rollout_channel(address, self._auth, round_robin=address.startswith("dns:"))
-        return self._make_stub(self._channels[address])
+    def _take(self, address: str) -> _Channel:
+        with self._lock:
+            if address not in self._channels:
+                self._channels[address] = _Channel(rollout_channel(address, self._auth,
+                                                                   round_robin=address.startswith("dns:")))
+            taken = self._channels[address]
+            taken.calls += 1
+            return taken
 
-    def _forget(self, address: str) -> None:
-        channel = self._channels.pop(address, None)
-        if channel is not None:
-            channel.close()
+    def _give_back(self, address: str, taken: _Channel, failed: bool) -> None:
+        with self._lock:
+            taken.calls -= 1
+            if failed and self._channels.get(address) is taken:
+                del self._channels[address]
+                taken.replaced = True
+            done = taken.replaced and taken.calls == 0
+        if done:
+            taken.channel.close()
 
     def call(self, method: str, request, *, attempt_timeout: float, budget: float):
         """(the reply, the address that gave it)."""
@@ -66,14 +90,18 @@ class Replicas:
         for attempt in itertools.count():
             address = self.addresses[(start + attempt) % len(self.addresses)]
             timeout = min(attempt_timeout, max(0.1, deadline - time.monotonic()))
+            taken, failed = self._take(address), True
             try:
-                return getattr(self._stub(address), method)(request, timeout=timeout), address
+                reply = getattr(self._make_stub(taken.channel), method)(request, timeout=timeout)
+                failed = False
+                return reply, address
             except grpc.RpcError as exc:
                 errors.append(f"{address}: {exc.code().name} {exc.details()}")
                 self._warn(address, exc)
                 if self._on_error:
                     self._on_error(exc.code().name)
-                self._forget(address)
+            finally:
+                self._give_back(address, taken, failed)
             if time.monotonic() >= deadline:
                 raise ReplicasUnavailable(errors[-len(self.addresses):])
             if (attempt + 1) % len(self.addresses) == 0:      # a whole round failed: let one come back
@@ -92,5 +120,7 @@ class Replicas:
                     "earliest", self.what, address, exc.code().name, exc.details(), since, self._warn_every)
 
     def close(self) -> None:
-        for address in list(self._channels):
-            self._forget(address)
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for taken in channels:
+            taken.channel.close()

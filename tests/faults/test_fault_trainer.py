@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 from pathlib import Path
 
@@ -240,6 +241,19 @@ def test_the_pods_launcher_exits_stopped_for_a_stop_and_only_for_a_stop(tmp_path
     assert err.strip().splitlines()[-1] == "trainer stopped: rank 0 stopped on a stop request (see its log)", err[-3000:]
 
 
+def _where_it_stands(pid: int, log: Path) -> str:
+    """A server that did not stop: its state and signal masks, and every thread's stack (SIGUSR1
+    makes the server's faulthandler write them to its log)."""
+    try:
+        status = [ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines()
+                  if ln.startswith(("State", "Sig", "Shd"))]
+        os.kill(pid, signal.SIGUSR1)
+    except (OSError, ProcessLookupError) as exc:
+        return f"server {pid}: {exc}\n{log.read_text()[-3000:]}"
+    time.sleep(2)
+    return "\n".join(status) + "\n" + log.read_text()[-8000:]
+
+
 def test_a_killed_launcher_takes_its_trainer_and_servers_with_it(tmp_path, tiny_model, train_data):
     """`grpo run` SIGKILLed mid-run (an OOM kill, a closed terminal's SIGKILL): Linux sends its
     trainer and its rollout server SIGTERM; the trainer and torchrun's rank exit, the server stops
@@ -250,7 +264,10 @@ def test_a_killed_launcher_takes_its_trainer_and_servers_with_it(tmp_path, tiny_
     The server's own exit is not asserted: in 2 of ~30 runs it logged its stop and stayed up
     (with its reward worker), a hang not understood yet (the issue-42 note). Once (CI, 12-04) it
     never ran its handler: the SIGTERM went to one of its other threads while the main thread sat
-    in an untimed Event.wait (grpc_launcher.run_server waits in steps now)."""
+    in an untimed Event.wait (grpc_launcher.run_server waits in steps now). Once more (CI, 12-06)
+    it did not log its stop within 60 s: the handler then set a threading.Event, which can wait
+    forever on the lock the main thread's own wait holds; it takes no lock now. A server that
+    stays up is shown with its signal masks and every thread's stack."""
     job = write_job(tmp_path / "job.yaml", name="launcher", model=tiny_model, train=train_data,
                     storage=tmp_path / "store", rollout={"replicas": 1},
                     trainer={"nprocPerNode": 1, "totalSteps": 50, "saveFreq": 1})
@@ -275,7 +292,7 @@ def test_a_killed_launcher_takes_its_trainer_and_servers_with_it(tmp_path, tiny_
                         for p, t in trainer.items() if alive(p, t)}
         wait_until(lambda: not left(), 120, what="the trainer and its rank to exit", diagnose=left)
         wait_until(lambda: "stopping: letting running calls finish" in server_log.read_text(), 60,
-                   what="the server's SIGTERM")
+                   what="the server's SIGTERM", diagnose=lambda: _where_it_stands(ready["pid"], server_log))
     finally:
         for pid, start in {**children, **descendants(launcher.pid)}.items():
             if alive(pid, start):
