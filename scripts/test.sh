@@ -17,11 +17,15 @@ export PATH="$venv/bin:$PATH"
 # tests run; tests/e2e, collected last (testpaths), waits for them. A failure there only costs
 # time: the e2e fixtures build and import what is missing and say what failed.
 preimport_log=${GRPO_CACHE:-$HOME/.cache/grpo-operator}/preimport.log
+workers=()
 if [ $# -eq 0 ]; then
   mkdir -p "$(dirname "$preimport_log")"
   python tests/e2e/preimport.py >"$preimport_log" 2>&1 &
   preimport=$!
   trap 'kill "$preimport" 2>/dev/null || true' EXIT
+  # The whole suite on two workers: tests/e2e (waiting on pods, most of it) beside the CPU-bound
+  # tests; tests/conftest.py hands out one module at a time, e2e as one unit, in its own order.
+  workers=(-n "${GRPO_TEST_WORKERS:-2}" --dist loadgroup --no-loadscope-reorder)
 fi
 wait "$go_builds" || { echo "error: the control plane or S3 server build failed (above)" >&2; exit 1; }
 # Prometheus (Debian's package) evaluates the dashboards' queries; the tests run the binary
@@ -39,4 +43,4 @@ command -v prometheus >/dev/null || install_prometheus \
 export GRPO_REQUIRE_CONTROLPLANE=1 GRPO_REQUIRE_S3=1 GRPO_REQUIRE_PROMETHEUS=1 GRPO_REQUIRE_E2E=1
 # The slowest tests are listed (the suite has a time budget: keep an eye on them); every test's
 # time is kept in the cache's last-run.xml (JUnit XML) for finding what to make faster.
-python -m pytest -ra --durations=25 --junitxml="${GRPO_CACHE:-$HOME/.cache/grpo-operator}/last-run.xml" "$@"
+python -m pytest -ra --durations=25 --junitxml="${GRPO_CACHE:-$HOME/.cache/grpo-operator}/last-run.xml" "${workers[@]}" "$@"

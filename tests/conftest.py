@@ -11,6 +11,28 @@ from pathlib import Path
 import pytest
 
 
+# --- the suite on two workers (scripts/test.sh: pytest -n 2 --dist loadgroup) ------------------
+
+RUN_FIRST = ("tests/e2e/", "tests/integration/", "tests/faults/", "tests/operator/", "tests/controlplane/",
+             "tests/chart/", "tests/rollout/", "tests/api/", "tests/unit/")
+"""Folders in the order their work is handed out: tests/e2e first, one unit on one worker (one
+node; mostly waiting on pods, while the other worker trains on CPU); the many short modules of
+tests/unit last, so both workers stay busy to the end."""
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist each module is one unit of work (its module fixtures, e.g. the local-run
+    learning runs, are built once, by one worker) and tests/e2e is one unit in all."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    def rank(item) -> int:
+        return next((i for i, folder in enumerate(RUN_FIRST) if item.nodeid.startswith(folder)), len(RUN_FIRST))
+    items.sort(key=rank)     # stable: each folder keeps its own order
+    for item in items:
+        group = "e2e" if item.nodeid.startswith("tests/e2e/") else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
