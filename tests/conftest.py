@@ -16,7 +16,7 @@ import pytest
 RUN_FIRST = ("tests/e2e/", "tests/integration/", "tests/faults/", "tests/operator/", "tests/controlplane/",
              "tests/chart/", "tests/rollout/", "tests/api/", "tests/unit/")
 """Folders in the order their work is handed out: tests/e2e first, one unit on one worker (one
-node; mostly waiting on pods, while the other worker trains on CPU); the many short modules of
+node; its pod starts and restarts beside the other worker's CPU runs); the many short modules of
 tests/unit last, so both workers stay busy to the end."""
 
 
