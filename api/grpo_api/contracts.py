@@ -21,6 +21,16 @@ the latest checkpoint. 75 is sysexits.h's EX_TEMPFAIL ("try again later"), a cod
 our processes' other exits can take: Python's are 0, 1, 2 and 120, torchrun's 1 (or a worker's),
 a shell's 126 and 127, a signal's 128+N (129 and up); one that did would loop forever."""
 
+ROLLOUT_READY_PREFIX = "GRPO_ROLLOUT_READY "
+"""`grpo rollout` prints one line to stdout once it listens: this prefix, then JSON (port,
+metrics_port, worker_id, pid, tls). Its parent (`grpo run`, the colocated trainer) waits for it: a
+server that exits before it could not start (the run stops, with the server's last line); one that
+exits after it has served and is restarted."""
+REWARD_READY_PREFIX = "GRPO_REWARD_READY "
+"""`grpo reward`'s ready line, as ROLLOUT_READY_PREFIX (port, metrics_port, pid, tls)."""
+SANDBOX_READY_PREFIX = "GRPO_SANDBOX_READY "
+"""`grpo sandbox`'s ready line, as ROLLOUT_READY_PREFIX."""
+
 LOG_URI_ENV = "GRPO_LOG_URI"
 """Where a rollout pod mirrors its log: `<run>/logs/<pod>.log` (grpo_rollout.log_mirror)."""
 ROLLOUT_ADDRESSES_ENV = "GRPO_ROLLOUT_ADDRESSES"

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_api import __version__
-from grpo_api.contracts import DIE_WITH_PARENT_ENV
+from grpo_api.contracts import DIE_WITH_PARENT_ENV, ROLLOUT_READY_PREFIX
 from grpo_api.jobfile import dump_job, load_job
 from grpo_api.spec import GRPOJob
 
@@ -137,6 +137,14 @@ def _builtin_data(uri: str) -> str:
 
 class LaunchError(RuntimeError):
     """A process of the run could not start; the message says which and why."""
+
+
+def _printed(path: Path | None, prefix: str) -> bool:
+    """A line of the child's log starts with `prefix`."""
+    try:
+        return any(line.startswith(prefix) for line in path.read_text(errors="replace").splitlines())
+    except (OSError, AttributeError):
+        return False
 
 
 def _last_line(path: Path | None) -> str:
@@ -405,21 +413,20 @@ class LocalRun:
         log.info("Prometheus metrics: trainer on 127.0.0.1:%d, rollout servers on %s (file_sd targets: %s)",
                  self.trainer_metrics_port, ", ".join(f"127.0.0.1:{p}" for p in self.rollout_metrics_ports), path)
 
-    def _wait_ready(self, timeout: float = 600.0) -> None:
-        from grpo_api.proto import rollout_pb2 as pb
-        from grpo_api.rpc import rollout_stub
+    def _wait_started(self, timeout: float = 600.0) -> None:
+        """Every rollout server has printed its ready line (it listens). One that exits before
+        that could not start (a bad model, say): the run stops with the server's last line. One
+        that exits after it is _supervise's to restart: the trainer may have stepped with it
+        already (a Health poll here could still be backing off its first refused connection then)."""
         deadline = time.monotonic() + timeout
-        for child, port in zip(self.rollouts, self.rollout_ports):
-            stub = rollout_stub(f"127.0.0.1:{port}", self.client_auth)
+        for child in self.rollouts:
             while self.trainer.proc.poll() is None:     # a trainer that exited is _supervise's
-                if child.proc.poll() is not None:
+                exited = child.proc.poll() is not None
+                if _printed(child.log_path, ROLLOUT_READY_PREFIX):
+                    break
+                if exited:
                     raise LaunchError(f"{child.name} exited with {child.proc.returncode}: "
                                       f"{_last_line(child.log_path)} (full log: {child.log_path})")
-                try:
-                    if stub.Health(pb.HealthRequest(), timeout=2).ready:
-                        break
-                except Exception:  # noqa: BLE001 - not listening yet
-                    pass
                 if time.monotonic() > deadline:
                     raise LaunchError(f"{child.name} not ready after {timeout:.0f}s; see {child.log_path}")
                 time.sleep(0.5)
@@ -445,7 +452,7 @@ class LocalRun:
             # The trainer starts beside its servers, as a job's pods do: its imports and model load
             # overlap theirs (~10 s of a CPU run's start), and it waits for them before step 1.
             self.trainer.start(self.trainer_env)
-            self._wait_ready()
+            self._wait_started()
             return self._supervise()
         except KeyboardInterrupt:
             if self.trainer.relay is not None:

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 
-READY_PREFIX = "GRPO_REWARD_READY "
+from grpo_api.contracts import REWARD_READY_PREFIX
 
 log = logging.getLogger("grpo_rollout.reward_server")
 
@@ -112,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     from grpo_rollout.grpc_launcher import run_server
-    return run_server("grpo reward", _parser().parse_args(argv), READY_PREFIX, _start, log)
+    return run_server("grpo reward", _parser().parse_args(argv), REWARD_READY_PREFIX, _start, log)
 
 
 def _start(launch):

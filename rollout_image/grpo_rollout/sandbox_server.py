@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 
-READY_PREFIX = "GRPO_SANDBOX_READY "
+from grpo_api.contracts import SANDBOX_READY_PREFIX
 
 log = logging.getLogger("grpo_rollout.sandbox_server")
 
@@ -108,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     from grpo_rollout.grpc_launcher import run_server
-    return run_server("grpo sandbox", _parser().parse_args(argv), READY_PREFIX, _start, log)
+    return run_server("grpo sandbox", _parser().parse_args(argv), SANDBOX_READY_PREFIX, _start, log)
 
 
 def _start(launch):

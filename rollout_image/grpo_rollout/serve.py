@@ -19,7 +19,7 @@ import logging
 import os
 import socket
 
-READY_PREFIX = "GRPO_ROLLOUT_READY "
+from grpo_api.contracts import ROLLOUT_READY_PREFIX
 
 log = logging.getLogger("grpo_rollout")
 
@@ -51,7 +51,7 @@ def _device(choice: str) -> str:
 
 def main(argv: list[str]) -> int:
     from grpo_rollout.grpc_launcher import run_server
-    return run_server("grpo rollout", _parser().parse_args(argv), READY_PREFIX, _start, log)
+    return run_server("grpo rollout", _parser().parse_args(argv), ROLLOUT_READY_PREFIX, _start, log)
 
 
 def _start(launch):

@@ -129,7 +129,7 @@ def test_each_colocated_server_serves_metrics_on_its_own_port(monkeypatch):
     class ReadyServer:             # a `grpo rollout` that is ready at once
         def __init__(self, argv, **_):
             started.append(argv)
-            self.stdout, self.returncode = iter([colocate.READY_PREFIX + "{}\n"]), None
+            self.stdout, self.returncode = iter([colocate.ROLLOUT_READY_PREFIX + "{}\n"]), None
 
         def poll(self):
             return None

@@ -24,9 +24,8 @@ import threading
 import time
 
 from grpo_api import signing
-from grpo_api.contracts import STOPPED_EXIT_CODE
+from grpo_api.contracts import ROLLOUT_READY_PREFIX, STOPPED_EXIT_CODE
 
-READY_PREFIX = "GRPO_ROLLOUT_READY "   # grpo_rollout.serve's ready line (the trainer can't import it)
 SERVER_FAILED_EXIT = 1
 
 
@@ -83,7 +82,7 @@ class ColocatedServers:
     def _forward(self, index: int, worker_id: str, proc: subprocess.Popen) -> None:
         """The server's output into this pod's log, each line prefixed; its ready line sets ready."""
         for line in proc.stdout:
-            if line.startswith(READY_PREFIX):
+            if line.startswith(ROLLOUT_READY_PREFIX):
                 self.ready[index].set()
             sys.stderr.write(f"[{worker_id}] {line}")
 
