@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 
-# --- the suite on two workers (scripts/test.sh: pytest -n 2 --dist loadgroup) ------------------
+# --- the suite on two workers (scripts/test.sh: pytest -n 2 --dist loadscope) ------------------
 
 RUN_FIRST = ("tests/e2e/", "tests/integration/", "tests/faults/", "tests/operator/", "tests/controlplane/",
              "tests/chart/", "tests/rollout/", "tests/api/", "tests/unit/")
@@ -21,16 +21,31 @@ tests/unit last, so both workers stay busy to the end."""
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist each module is one unit of work (its module fixtures, e.g. the local-run
-    learning runs, are built once, by one worker) and tests/e2e is one unit in all."""
+    """Under pytest-xdist, the order in which units of work are handed out (--no-loadscope-reorder)."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     def rank(item) -> int:
         return next((i for i, folder in enumerate(RUN_FIRST) if item.nodeid.startswith(folder)), len(RUN_FIRST))
     items.sort(key=rank)     # stable: each folder keeps its own order
-    for item in items:
-        group = "e2e" if item.nodeid.startswith("tests/e2e/") else item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def work_unit(nodeid: str) -> str:
+    """Each module is one unit of work (its module fixtures, e.g. the local-run learning runs, are
+    built once, by one worker); tests/e2e is one unit in all."""
+    return "tests/e2e/" if nodeid.startswith("tests/e2e/") else nodeid.split("::", 1)[0]
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's loadscope with work_unit as the scope. Not `--dist loadgroup` with xdist_group marks:
+    xdist 3.8 tags the node ids by assigning `item._nodeid`, which pytest 9 no longer reads, so every
+    test was a unit of its own and a module fixture was built on both workers (the tracker runs,
+    twice 90 s)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+    return ModuleScheduling(config, log)
 
 
 def free_port() -> int:
