@@ -26,7 +26,7 @@ if [ $# -eq 0 ]; then
   # The whole suite on two workers: tests/e2e (pod starts and restarts) beside the other tests;
   # tests/conftest.py hands out one module at a time (its own xdist scheduler), e2e as one unit,
   # e2e first and unit last.
-  # Measured: pytest 37:24 on two workers against 52-58 min serial (README).
+  # Measured: pytest 29-31 min on two workers against 52-58 min serial (README).
   workers=(-n "${GRPO_TEST_WORKERS:-2}" --dist loadscope --no-loadscope-reorder)
 fi
 wait "$go_builds" || { echo "error: the control plane or S3 server build failed (above)" >&2; exit 1; }
