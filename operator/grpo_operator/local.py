@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_api import __version__
-from grpo_api.contracts import DIE_WITH_PARENT_ENV, ROLLOUT_READY_PREFIX
+from grpo_api.contracts import (DIE_WITH_PARENT_ENV, REWARD_READY_PREFIX, ROLLOUT_READY_PREFIX,
+                                SANDBOX_READY_PREFIX)
 from grpo_api.jobfile import dump_job, load_job
 from grpo_api.spec import GRPOJob
 
@@ -182,8 +183,8 @@ def preflight(job: GRPOJob) -> None:
 
 def _run_secrets(root: Path):
     """A fresh RPC token and TLS certificate for this launch (loopback), and the run's checkpoint
-    key (`<run>/checkpoint.key`, made once, so a re-run resumes). Returns the client's auth, the
-    rollout servers' environment and the trainer's: the servers never get the checkpoint key, and
+    key (`<run>/checkpoint.key`, made once, so a re-run resumes). Returns the rollout servers'
+    environment and the trainer's: the servers never get the checkpoint key, and
     nothing of the same names inherited from this shell is passed on."""
     from grpo_api import rpc, signing
     from grpo_operator.pki import make_job_tls
@@ -195,7 +196,7 @@ def _run_secrets(root: Path):
     base.update({rpc.TOKEN_ENV: token, "PYTHONUNBUFFERED": "1"})
     rollout_env = {**base, rpc.TLS_CERT_ENV: tls.cert, rpc.TLS_KEY_ENV: tls.key}
     trainer_env = {**base, rpc.TLS_CA_ENV: tls.ca_cert, rpc.TLS_SERVER_NAME_ENV: "localhost", signing.KEY_ENV: key}
-    return rpc.ClientAuth(token, tls.ca_cert.encode(), "localhost"), rollout_env, trainer_env
+    return rollout_env, trainer_env
 
 
 class Relay:
@@ -297,7 +298,7 @@ class LocalRun:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.spec_path = self.root / "job.yaml"
         self.spec_path.write_text(dump_job(job))
-        self.client_auth, self.rollout_env, self.trainer_env = _run_secrets(self.root)
+        self.rollout_env, self.trainer_env = _run_secrets(self.root)
         # colocated (issue 46): the trainer process runs its node's servers itself, beside the ranks
         self.colocated = job.spec.colocated
         self.rollout_ports = [free_port() for _ in range(job.spec.servers_per_node if self.colocated else
@@ -342,7 +343,7 @@ class LocalRun:
         if metrics:
             self._write_metrics_targets()
 
-    def _reward_servers(self) -> list[tuple[Child, int, str]]:
+    def _reward_servers(self) -> list[tuple[Child, str]]:
         """`replicas` reward servers per spec.reward.rewardModels entry, on loopback with the run's
         token and certificate; the rollout servers reach them with the run's CA."""
         self.reward_ports: dict[str, list[int]] = {}
@@ -352,12 +353,12 @@ class LocalRun:
             servers += [(Child(f"reward-{m.name}-{r}", [*grpo_command(), "reward", "--spec", str(self.spec_path),
                                                         "--model", m.name, "--host", LOOPBACK, "--port", str(port),
                                                         "--metrics-port", "-1"],
-                               self.logs / f"reward-{m.name}-{r}.log"), port, "reward")
+                               self.logs / f"reward-{m.name}-{r}.log"), REWARD_READY_PREFIX)
                         for r, port in enumerate(self.reward_ports[m.name])]
         self._trust_run_ca(servers)
         return servers
 
-    def _sandbox_servers(self) -> list[tuple[Child, int, str]]:
+    def _sandbox_servers(self) -> list[tuple[Child, str]]:
         """spec.rollout.multiTurn.python.replicas sandbox servers (`grpo sandbox`, the python tool's
         programs), on loopback with the run's token and certificate."""
         self.sandbox_ports = [free_port() for _ in range(self.job.spec.rollout.multi_turn.sandbox_replicas(
@@ -365,7 +366,7 @@ class LocalRun:
         servers = [(Child(f"sandbox-{r}", [*grpo_command(), "sandbox", "--spec", str(self.spec_path), "--host",
                                            LOOPBACK, "--port", str(port), "--metrics-port", "-1"],
                           self.logs / f"sandbox-{r}.log"),
-                    port, "sandbox") for r, port in enumerate(self.sandbox_ports)]
+                    SANDBOX_READY_PREFIX) for r, port in enumerate(self.sandbox_ports)]
         self._trust_run_ca(servers)
         return servers
 
@@ -378,30 +379,7 @@ class LocalRun:
 
     @property
     def dependency_children(self) -> list[Child]:
-        return [child for child, _, _ in self.dependencies]
-
-    def _wait_dependencies_ready(self, timeout: float = 600.0) -> None:
-        from grpo_api.proto import reward_pb2, reward_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
-        from grpo_api.rpc import rollout_channel
-        health = {"reward": lambda ch: reward_pb2_grpc.RewardStub(ch).Health(reward_pb2.RewardHealthRequest(), timeout=2),
-                  "sandbox": lambda ch: sandbox_pb2_grpc.SandboxStub(ch).Health(sandbox_pb2.SandboxHealthRequest(),
-                                                                                  timeout=2)}
-        deadline = time.monotonic() + timeout
-        for child, port, kind in self.dependencies:
-            channel = rollout_channel(f"127.0.0.1:{port}", self.client_auth)
-            while True:
-                if child.proc.poll() is not None:
-                    raise LaunchError(f"{child.name} exited with {child.proc.returncode}: "
-                                      f"{_last_line(child.log_path)} (full log: {child.log_path})")
-                try:
-                    if health[kind](channel).ready:
-                        break
-                except Exception:  # noqa: BLE001 - not listening yet
-                    pass
-                if time.monotonic() > deadline:
-                    raise LaunchError(f"{child.name} not ready after {timeout:.0f}s; see {child.log_path}")
-                time.sleep(0.5)
-            channel.close()
+        return [child for child, _ in self.dependencies]
 
     def _write_metrics_targets(self) -> None:
         """`<run>/metrics-targets.json`: Prometheus file_sd targets of the run's /metrics endpoints."""
@@ -413,16 +391,19 @@ class LocalRun:
         log.info("Prometheus metrics: trainer on 127.0.0.1:%d, rollout servers on %s (file_sd targets: %s)",
                  self.trainer_metrics_port, ", ".join(f"127.0.0.1:{p}" for p in self.rollout_metrics_ports), path)
 
-    def _wait_started(self, timeout: float = 600.0) -> None:
-        """Every rollout server has printed its ready line (it listens). One that exits before
-        that could not start (a bad model, say): the run stops with the server's last line. One
-        that exits after it is _supervise's to restart: the trainer may have stepped with it
-        already (a Health poll here could still be backing off its first refused connection then)."""
+    @staticmethod
+    def _wait_started(servers: list[tuple[Child, str]], timeout: float = 600.0, *,
+                      unless_exited: Child | None = None) -> None:
+        """Each server (a child and its ready line's prefix) has printed its ready line: it listens.
+        One that exits before that could not start (a bad model, say): the run stops with the
+        server's last line. One that exits after it is _supervise's to restart: the trainer may have
+        stepped with it already (a Health poll here could still be backing off its first refused
+        connection then). An `unless_exited` child that exits (the trainer) ends the wait too."""
         deadline = time.monotonic() + timeout
-        for child in self.rollouts:
-            while self.trainer.proc.poll() is None:     # a trainer that exited is _supervise's
+        for child, prefix in servers:
+            while unless_exited is None or unless_exited.proc.poll() is None:
                 exited = child.proc.poll() is not None
-                if _printed(child.log_path, ROLLOUT_READY_PREFIX):
+                if _printed(child.log_path, prefix):
                     break
                 if exited:
                     raise LaunchError(f"{child.name} exited with {child.proc.returncode}: "
@@ -446,13 +427,14 @@ class LocalRun:
                      self.job.spec.rollout.n)
             for child in self.dependency_children:
                 child.start(self.rollout_env)
-            self._wait_dependencies_ready()
+            self._wait_started(self.dependencies)
             for child in self.rollouts:
                 child.start(self.rollout_env)
             # The trainer starts beside its servers, as a job's pods do: its imports and model load
             # overlap theirs (~10 s of a CPU run's start), and it waits for them before step 1.
             self.trainer.start(self.trainer_env)
-            self._wait_started()
+            # a trainer that exited is _supervise's
+            self._wait_started([(c, ROLLOUT_READY_PREFIX) for c in self.rollouts], unless_exited=self.trainer)
             return self._supervise()
         except KeyboardInterrupt:
             if self.trainer.relay is not None:

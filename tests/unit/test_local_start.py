@@ -37,11 +37,13 @@ def _server_that_prints(run: LocalRun, text: str, then: str) -> None:
 def test_a_server_that_exits_after_its_ready_line_is_left_to_the_restarts(local_run):
     _server_that_prints(local_run, ROLLOUT_READY_PREFIX + '{"port": 1}', "kill -9 $$")
     local_run.trainer.start(dict(os.environ))
-    local_run._wait_started(timeout=30)         # returns: _supervise restarts it
+    local_run._wait_started([(local_run.rollouts[0], ROLLOUT_READY_PREFIX)], timeout=30,
+                             unless_exited=local_run.trainer)         # returns: _supervise restarts it
 
 
 def test_a_server_that_exits_before_its_ready_line_stops_the_run_with_its_error(local_run):
     _server_that_prints(local_run, "error: model.path /nowhere: no such folder", "exit 2")
     local_run.trainer.start(dict(os.environ))
     with pytest.raises(LaunchError, match=r"rollout-0 exited with 2: error: model.path /nowhere: no such folder"):
-        local_run._wait_started(timeout=30)
+        local_run._wait_started([(local_run.rollouts[0], ROLLOUT_READY_PREFIX)], timeout=30,
+                             unless_exited=local_run.trainer)
