@@ -879,6 +879,10 @@ RULES: tuple[Rule, ...] = (
     Ignore("actor_rollout_ref.rollout.mode", "rollout servers are always separate, asynchronous vLLM servers"),
     Map("actor_rollout_ref.rollout.quantization", "rollout.quantization", "fp8: the same scheme (128x128 weight "
         "blocks, dynamic activations; training in model.dtype); torchao and ascend are errors", _quantization),
+    Map("actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype", "rollout.kvCacheDtype", "verl passes it to "
+        "vLLM as is: auto; fp8 and fp8_e4m3 are fp8 (scales 1.0); others are errors",
+        _choice({"auto": "auto", "None": "auto", "null": "auto", "fp8": "fp8", "fp8_e4m3": "fp8"},
+                what="vLLM KV cache dtype")),
     Refuse("actor_rollout_ref.rollout.quantization_config_file", "a quantization config file is not read here: "
            "rollout.quantization fp8 is verl's block scheme, with no other settings", ok=(None, "None", "none")),
     Ignore("actor_rollout_ref.rollout.*", _VLLM_KNOB),

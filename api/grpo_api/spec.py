@@ -486,6 +486,8 @@ class RolloutSpec(_Model):
     """Disable CUDA graphs in vLLM (verl: rollout.enforce_eager)."""
     quantization: Literal["fp8"] | None = None
     """fp8: vLLM generates with FP8 weights, quantized in 128x128 blocks (dynamic FP8 activations; MoE routers stay in model.dtype) at its start and again at every weight sync, verl's FP8 rollout scheme (vLLM's fp8_per_block); training stays in model.dtype. Faster decoding, but the rollouts come from a policy a little off the trainer's: verl's FP8 guide pairs it with token-level TIS (algorithm.rolloutCorrection.rolloutIs token). vllm engine only (verl: rollout.quantization)."""
+    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    """fp8: vLLM keeps its KV cache in FP8 (e4m3 with scale 1.0: a bf16 checkpoint carries no calibrated scales), so each decode step reads half the bytes of keys and values and the cache holds twice the tokens; at 256 sequences of 768 tokens decoding reads more KV cache than weights. Attention then reads keys and values rounded to FP8, so, as with quantization, the rollouts come from a policy a little off the trainer's (algorithm.rolloutCorrection corrects for it). auto: model.dtype. vllm engine only (verl: rollout.engine_kwargs.vllm.kv_cache_dtype)."""
     max_staleness: int = Field(default=0, ge=0, le=1)
     """Policy versions a rollout may lag behind training. 0: each step generates with the latest weights, then trains (synchronous). 1: step t+1's rollouts are generated while step t trains (verl's one-step-off-policy, AReaL), so they come from the policy one update behind; the PPO ratio then uses the rollout's behaviour logprobs as the old policy."""
     calculate_log_probs: bool = False
@@ -1037,6 +1039,13 @@ def _quantization_needs_vllm(s: GRPOJobSpec) -> str | None:
     return None
 
 
+def _kv_cache_dtype_needs_vllm(s: GRPOJobSpec) -> str | None:
+    if s.rollout.kv_cache_dtype != "auto" and s.rollout.engine != "vllm":
+        return (f"an {s.rollout.kv_cache_dtype} KV cache needs rollout.engine vllm (the hf engine keeps it in "
+                f"model.dtype) (got engine {s.rollout.engine})")
+    return None
+
+
 def _offload_needs_colocated(s: GRPOJobSpec) -> str | None:
     t = s.trainer
     if (t.param_offload or t.optimizer_offload) and not (s.colocated and s.rollout.max_staleness == 0):
@@ -1074,6 +1083,11 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         "!has(self.rollout.quantization) || self.rollout.engine == 'vllm'",
         "rollout.quantization needs rollout.engine vllm",
         _quantization_needs_vllm),
+    CrossFieldRule(
+        "rollout.kvCacheDtype",
+        "!has(self.rollout.kvCacheDtype) || self.rollout.kvCacheDtype == 'auto' || self.rollout.engine == 'vllm'",
+        "rollout.kvCacheDtype fp8 needs rollout.engine vllm",
+        _kv_cache_dtype_needs_vllm),
     CrossFieldRule(
         "trainer.paramOffload",
         "!(self.trainer.paramOffload || self.trainer.optimizerOffload) || "

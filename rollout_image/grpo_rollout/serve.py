@@ -131,5 +131,6 @@ def build_engine(spec, model, *, device: str):
         return VLLMEngine(model.path, tensor_parallel_size=rollout.tensor_parallel_size,
                           gpu_memory_utilization=rollout.gpu_memory_utilization, max_model_len=spec.total_length,
                           enforce_eager=rollout.enforce_eager, max_num_batched_tokens=rollout.max_num_batched_tokens,
-                          enable_sleep_mode=spec.colocated, quantization=rollout.quantization, **common)
+                          enable_sleep_mode=spec.colocated, quantization=rollout.quantization,
+                          kv_cache_dtype=rollout.kv_cache_dtype, **common)
     raise ValueError(f"spec.rollout.engine: unknown engine {rollout.engine!r}; known: hf, vllm")

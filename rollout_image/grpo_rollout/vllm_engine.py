@@ -72,12 +72,12 @@ TensorEntry = tuple[str, list[int], str, int, int]
 def llm_kwargs(model_path: str, *, dtype: str, seed: int, tokenizer_path: str | None, trust_remote_code: bool,
                tensor_parallel_size: int, gpu_memory_utilization: float, max_model_len: int | None,
                enforce_eager: bool, max_num_batched_tokens: int | None,
-               quantization: str | None = None) -> dict[str, Any]:
+               quantization: str | None = None, kv_cache_dtype: str = "auto") -> dict[str, Any]:
     kwargs = dict(
         model=model_path, tokenizer=tokenizer_path or model_path, dtype=dtype, seed=seed,
         trust_remote_code=trust_remote_code, tensor_parallel_size=tensor_parallel_size,
         gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
-        logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION,
+        logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION, kv_cache_dtype=kv_cache_dtype,
     )
     if max_model_len is not None:
         kwargs["max_model_len"] = max_model_len
@@ -316,11 +316,12 @@ class VLLMEngine(Engine):
                  trust_remote_code: bool = False, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
                  max_model_len: int | None = None, enforce_eager: bool = False,
                  max_num_batched_tokens: int | None = None, max_lora_rank: int | None = None,
-                 enable_sleep_mode: bool = False, quantization: str | None = None):
+                 enable_sleep_mode: bool = False, quantization: str | None = None, kv_cache_dtype: str = "auto"):
         """max_lora_rank: run vLLM's LoRA and take adapter-only syncs of adapters up to that rank.
         enable_sleep_mode: vLLM's sleep mode (its CuMem allocator), for `sleep` (colocated placement).
         quantization: spec.rollout.quantization (VLLM_QUANTIZATION); each weight sync is then
-        quantized again as a whole version (`loads_whole_versions`)."""
+        quantized again as a whole version (`loads_whole_versions`).
+        kv_cache_dtype: spec.rollout.kvCacheDtype, vLLM's own values ("fp8": e4m3, scales 1.0)."""
         if quantization is not None and max_lora_rank is not None:
             raise ValueError("a quantized engine takes merged weights only (no max_lora_rank)")
         environment_defaults()
@@ -334,7 +335,7 @@ class VLLMEngine(Engine):
             model_path, dtype=dtype, seed=seed, tokenizer_path=tokenizer_path, trust_remote_code=trust_remote_code,
             tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len, enforce_eager=enforce_eager, max_num_batched_tokens=max_num_batched_tokens,
-            quantization=quantization),
+            quantization=quantization, kv_cache_dtype=kv_cache_dtype),
             **({"enable_sleep_mode": True} if enable_sleep_mode else {}),
             **({} if max_lora_rank is None else dict(enable_lora=True, max_loras=1,
                                                      max_lora_rank=vllm_max_lora_rank(max_lora_rank))))

@@ -42,6 +42,12 @@ def test_engine_arguments_ask_for_tempered_logprobs_and_our_weight_loader():
                    "quantization_config": {"ignore": [r"re:.*mlp\.gate$"]}}
     assert re.match(fp8["quantization_config"]["ignore"][0][3:], "model.layers.3.mlp.gate")
     assert not re.match(fp8["quantization_config"]["ignore"][0][3:], "model.layers.3.mlp.gate_proj")
+    # The KV cache in the model's dtype unless spec.rollout.kvCacheDtype says fp8 (vLLM's own value).
+    assert kw["kv_cache_dtype"] == "auto"
+    kv = llm_kwargs("/models/qwen3", dtype="bfloat16", seed=3, tokenizer_path=None, trust_remote_code=False,
+                    tensor_parallel_size=2, gpu_memory_utilization=0.6, max_model_len=1536, enforce_eager=False,
+                    max_num_batched_tokens=8192, kv_cache_dtype="fp8")
+    assert kv == {**kw, "kv_cache_dtype": "fp8"}
 
 
 def test_sampling_parameters_map_to_vllm():

@@ -145,6 +145,21 @@ def test_fp8_rollouts_translate_with_the_correction_as_written():
                                  for e in t.errors), t.errors
 
 
+def test_an_fp8_kv_cache_passed_to_vllm_is_translated_and_the_other_dtypes_refused():
+    """verl hands engine_kwargs.vllm to vLLM as is (its deepseek-v4 scripts set kv_cache_dtype=fp8): an FP8
+    KV cache changes what the rollouts sample, so it is kept, never dropped as an engine knob."""
+    key = "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype"
+    for value in ("fp8", "fp8_e4m3"):
+        assert translate(_cfg(BASE + f"{key}={value}")).job.spec.rollout.kv_cache_dtype == "fp8"
+    assert translate(_cfg(BASE + f"{key}=auto")).job.spec.rollout.kv_cache_dtype == "auto"
+    t = translate(_cfg(BASE + f"{key}=fp8_e5m2"))
+    assert t.job is None and any(e.startswith(key[1:]) and "'fp8_e5m2' is not a vLLM KV cache dtype" in e
+                                 for e in t.errors), t.errors
+    t = translate(_cfg(BASE + f"{key}=fp8 actor_rollout_ref.rollout.name=hf"))
+    assert t.job is None and any(e.startswith("spec.rollout.kvCacheDtype: an fp8 KV cache needs rollout.engine vllm")
+                                 for e in t.errors), t.errors
+
+
 def test_videos_are_errors_and_the_image_keys_translate():
     t = translate(_cfg(BASE + "data.video_key=videos"))
     assert t.errors == ["data.video_key='videos': videos are not supported yet (issue 45): only images "

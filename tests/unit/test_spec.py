@@ -124,6 +124,8 @@ INVALID_SPECS = [
      "not both"),
     ({"trainer.lrWarmupStepsRatio": 1.5}, "spec.trainer.lrWarmupStepsRatio", "less than or equal to 1"),
     ({"trainer.valOnly": True}, "spec.trainer.valOnly", "needs data.valFiles"),
+    ({"rollout.kvCacheDtype": "fp8", "rollout.engine": "hf"}, "spec.rollout.kvCacheDtype", "needs rollout.engine vllm"),
+    ({"rollout.kvCacheDtype": "fp8_e5m2"}, "spec.rollout.kvCacheDtype", "'auto' or 'fp8'"),
 ]
 
 
