@@ -617,7 +617,7 @@ _HARMLESS_ON = frozenset((
     "offload_policy", "reshard_after_forward", "use_orig_params", "param_offload", "optimizer_offload",
     "grad_offload", "multi_stage_wake_up", "layered_summon", "free_cache_engine", "enable_chunked_prefill",
     "enable_prefix_caching", "log_prob_use_dynamic_bsz", "use_dynamic_bsz",
-    "return_raw_chat", "trust_remote_code", "use_remove_padding", "use_prefix_grouper", "use_liger", "use_shm",
+    "return_raw_chat", "trust_remote_code", "use_remove_padding", "use_liger", "use_shm",
     "calculate_sum_pi_squared", "enable_resource_pool", "relocate_results", "disable_log_stats", "enforce_eager",
     "log", "balance_batch", "return_full_prompt", "skip_tokenizer_init", "use_fused_kernels",
 ))
@@ -714,6 +714,8 @@ RULES: tuple[Rule, ...] = (
     Map("actor_rollout_ref.model.enable_gradient_checkpointing", "model.gradientCheckpointing"),
     Map("actor_rollout_ref.model.use_fused_kernels", "model.useFusedKernels", "log-probs from the LM head's input"),
     Map("actor_rollout_ref.model.use_remove_padding", "model.useRemovePadding", "packed micro-batches"),
+    Map("actor_rollout_ref.actor.use_prefix_grouper", "model.sharePrompts", "each prompt once per micro-batch, "
+        "its responses attending to it (packed rows here, which verl's PrefixGrouper can't combine with)"),
     Map("actor_rollout_ref.model.lora_rank", "model.lora.rank", "0 = full-parameter training", _lora_rank),
     Map("actor_rollout_ref.model.lora.rank", "model.lora.rank", "verl 0.9's layout; 0 = off", _lora_rank),
     Map("actor_rollout_ref.model.lora_alpha", "model.lora.alpha", "only with LoRA", _lora_only()),

@@ -9,7 +9,9 @@ quickstart's task, a few steps.
   checkpoint outlives keepCheckpoints, exported as hf/best.
 - LoRA: the adapters train (the KL to the adapters-off reference starts at 0 and grows), the
   checkpoints are the adapters alone, and the final export is the merged model with its PEFT
-  adapter folder."""
+  adapter folder.
+- model.sharePrompts: the policy, the reference and the critic run on rows that hold each
+  prompt once, from the trainer image."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ def test_a_ppo_job_with_lora_trains_critic_and_adapters_and_keeps_the_best_check
     job["spec"]["algorithm"].update({"advEstimator": "gae", "lam": 0.95, "useKLLoss": True, "klLossCoef": 0.001})
     job["spec"]["critic"] = {"lr": 2e-3}
     job["spec"]["model"]["lora"] = {"rank": 16, "alpha": 32}
+    job["spec"]["model"]["sharePrompts"] = True     # the policy, reference and critic on shared-prompt rows
     apply(cluster, ns, job)
     wait_for("the PPO + LoRA job to finish", lambda: status(cluster, ns, name).get("phase") in ("Succeeded", "Failed"),
              timeout=1200, interval=3, diagnose=describe(cluster, ns, name))

@@ -35,6 +35,20 @@ def samples(vocab: int) -> list[Sample]:
     return out
 
 
+def grouped_samples(vocab: int) -> list[Sample]:
+    """GRPO's layout for model.sharePrompts: prompt A's three responses (one with a tool turn) and
+    prompt B's two, of mixed lengths, interleaved as the micro-batches may hold them."""
+    gen = torch.Generator().manual_seed(2)
+    prompts = {"a": torch.randint(1, vocab, (7,), generator=gen).tolist(),
+               "b": torch.randint(1, vocab, (4,), generator=gen).tolist()}
+    out = []
+    for i, (uid, r) in enumerate([("a", 9), ("b", 5), ("a", 12), ("a", 3), ("b", 8)]):
+        mask = [1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 0, 1] if r == 12 else None
+        out.append(Sample(uid, "ab".index(uid), i, prompts[uid], torch.randint(1, vocab, (r,), generator=gen).tolist(), [0.0] * r,
+                          0.0, "stop", loss_mask=mask))
+    return out
+
+
 def loss_weights(mb):
     gen = torch.Generator().manual_seed(1)
     return (torch.randn(mb.targets.shape, generator=gen, dtype=torch.float64) * mb.response_mask,
@@ -130,6 +144,26 @@ def main() -> None:
     report["lora/packed-vs-padded"] = compare(trainer_pass(lora_fused, packed), trainer_pass(lora_fused, mb))
     critic = M.build_critic(ModelSpec(path=untied), CriticSpec(), CPU)
     report["critic/packed-vs-padded"] = compare(critic_pass(critic, packed), critic_pass(critic, mb))
+    # model.sharePrompts: each prompt once in the row, its responses attending to it
+    spec = ModelSpec.model_validate({"path": untied, "sharePrompts": True})
+    shared_model, grouped = M.build_policy(spec, CPU), grouped_samples(fused.config.vocab_size)
+    padded_rows = collate(list(range(5)), grouped, None, 0, CPU)
+    shared = collate(list(range(5)), grouped, None, 0, CPU, share_prompts=True)
+    report["shared/row-tokens"] = [shared.packed.input_ids.shape[1], len(shared.packed.expand)]
+    report["shared/shared-vs-padded"] = compare(trainer_pass(shared_model, shared), trainer_pass(shared_model, padded_rows))
+    report["shared/shared-vs-float64"] = compare(trainer_pass(shared_model, shared), float64_pass(untied, padded_rows))
+    # the check can fail: positions that run on through the row, not each response's after its prompt
+    run_on = torch.arange(shared.packed.input_ids.shape[1]).unsqueeze(0)
+    wrong = dataclasses.replace(shared, packed=dataclasses.replace(shared.packed, position_ids=run_on))
+    report["shared/run-on-positions-differ"] = compare(trainer_pass(shared_model, wrong),
+                                                          trainer_pass(shared_model, padded_rows))["logp"]
+    shared_critic = M.build_critic(spec, CriticSpec(), CPU)
+    report["shared/critic-shared-vs-padded"] = compare(critic_pass(shared_critic, shared),
+                                                       critic_pass(shared_critic, padded_rows))
+    with torch.no_grad():
+        shared_ref = M.build_reference(spec, CPU, cpu_offload=False)
+        report["shared/reference-shared-vs-padded"] = compare(trainer_pass(shared_ref, shared, backward=False),
+                                                              trainer_pass(shared_ref, padded_rows, backward=False))
     with torch.no_grad():
         ref = [trainer_pass(M.build_reference(ModelSpec.model_validate({"path": untied, "useFusedKernels": fused}), CPU,
                                               cpu_offload=False), mb, backward=False) for fused in (True, False)]

@@ -6,7 +6,8 @@ built there), shortened with --set.
   small to change anything (lr must be > 0) could show; so does it with rollout t+1 generated
   while step t trains (rollout.maxStaleness 1), as PPO with a critic (advEstimator gae;
   with the policy frozen a PPO run samples exactly what the control does: the critic never
-  reaches the rollouts), and with LoRA adapters (issue 33);
+  reaches the rollouts) on rows that hold each prompt once (model.sharePrompts), and with LoRA
+  adapters (issue 33);
 - a SIGKILLed rollout server is restarted by the launcher and the run completes every step;
 - Ctrl-C (SIGINT to `grpo run`) exits 130 and leaves no process and no port behind; running the
   same command again resumes from the last checkpoint;
@@ -63,7 +64,7 @@ def learning_runs(tmp_path_factory, grpo_cache):
     # Both launchers start on an empty GRPO_CACHE (when this module runs first): they build the
     # builtin:// model and data at the same time, which must not corrupt either.
     plans = (("learn", LEARN_STEPS, []), ("stale", LEARN_STEPS, ["rollout.maxStaleness=1"]),
-             ("ppo", LEARN_STEPS, ["algorithm.advEstimator=gae", "critic.lr=2e-3"]),
+             ("ppo", LEARN_STEPS, ["algorithm.advEstimator=gae", "critic.lr=2e-3", "model.sharePrompts=true"]),
              ("lora", LEARN_STEPS, LORA), ("control", CONTROL_STEPS, [f"trainer.lr={CONTROL_LR}"]))
     runs = {name: LauncherRun(QUICKSTART, _mkdir(tmp / name), grpo_cache,
                               [*SHORT, f"trainer.totalSteps={steps}", *extra])

@@ -400,7 +400,11 @@ def test_fused_lm_head_and_packed_rows_give_the_logits_paths_logprobs_and_gradie
     every gradient of a loss with both, for tied and untied heads, LoRA, the reference; under
     bf16 mixed precision the fused head is as close to float64 as the logits path. And
     model.useRemovePadding: the samples packed in one row give the padded rows' numbers (the
-    critic's values too), which positions that don't restart at each sample would not."""
+    critic's values too), which positions that don't restart at each sample would not. And
+    model.sharePrompts: each prompt once in the row with its responses after it (48 tokens, not
+    66) gives the padded rows' numbers for the policy, the reference and the critic, and equals
+    float64; positions that run on through the row instead of each response's after its prompt
+    would not."""
     from grpo_rollout.tiny import build_tiny_model
     tied = build_tiny_model(tmp_path / "tied", seed=0, tie_word_embeddings=True)
     out = subprocess.run([sys.executable, str(Path(__file__).with_name("logprobs_rank.py")), str(tied),
@@ -409,6 +413,8 @@ def test_fused_lm_head_and_packed_rows_give_the_logits_paths_logprobs_and_gradie
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report.pop("tied/head-is-embedding") is True
     assert report.pop("untied/run-on-positions-differ") > 1e-3
+    assert report.pop("shared/run-on-positions-differ") > 1e-3
+    assert report.pop("shared/row-tokens") == [7 + 4 + 9 + 5 + 12 + 3 + 8, 3 * 7 + 2 * 4 + 9 + 5 + 12 + 3 + 8]
     bf16 = {k: report.pop(k) for k in list(report) if k.startswith("bf16/")}
     for check, diffs in report.items():
         assert max(diffs.values()) < 1e-5, (check, diffs)

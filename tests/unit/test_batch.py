@@ -84,6 +84,41 @@ def test_packed_collate_is_one_row_with_positions_from_0_and_a_map_back():
                        mb.packed.input_ids[0, 1:][mb.packed.source[:-1] >= 0])
 
 
+def test_shared_prompt_micro_batches_keep_a_prompts_responses_together_and_count_it_once():
+    """model.sharePrompts: prompt 0's three samples (4 + 6 tokens each) cost 4 + 3 x 6 = 22 tokens
+    of the budget, not 30; prompt 1's two (2 + 5 each) 12, after the larger group. Hand-worked."""
+    samples = [Sample(f"0-{p}", p, i, [p + 1] * n, [9] * r, [0.0] * r, 0.0, "stop") for i, (p, n, r) in
+               enumerate([(1, 2, 5), (0, 4, 6), (0, 4, 6), (1, 2, 5), (0, 4, 6)])]
+
+    def shared(budget):
+        return micro_batches(list(range(5)), samples, max_count=100, max_tokens=budget, packed=True,
+                             share_prompts=True)
+    assert shared(40) == [[1, 2, 4, 0, 3]]                 # 22 + 12
+    assert shared(22) == [[1, 2, 4], [0, 3]]               # two, where unshared rows need three:
+    assert micro_batches(list(range(5)), samples, max_count=100, max_tokens=22, packed=True) == [[1, 2], [4, 0], [3]]
+    assert shared(16) == [[1, 2], [4], [0, 3]]             # a group over the budget is split: 4 + 6 + 6 | 10
+
+
+def test_shared_prompt_collate_is_each_prompt_once_with_maps_to_the_full_row():
+    """Hand-worked: a and c share prompt [11, 12], b has its own. The full row is a, b, c packed
+    as with useRemovePadding; the model's row is [11, 12] a's response, c's response, then b.
+    `expand` takes each full position to its token's one copy (c's prompt to a's), `first` each
+    shared position back to its first copy; a response's positions continue its prompt's."""
+    a = Sample("0-0", 0, 0, [11, 12], [21, 22, 23], None, 1.0, "stop")
+    b = Sample("0-1", 1, 0, [13], [24, 25], None, 0.0, "stop")
+    c = Sample("0-0", 0, 1, [11, 12], [26], None, 0.0, "length")
+    mb = collate([0, 1, 2], [a, b, c], None, pad_id=0, device=torch.device("cpu"), share_prompts=True)
+    packed = mb.packed
+    assert packed.input_ids.tolist() == [[11, 12, 21, 22, 23, 26, 13, 24, 25]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4, 2, 0, 1, 2]]
+    full = [11, 12, 21, 22, 23, 13, 24, 25, 11, 12, 26]
+    assert packed.expand.tolist() == [0, 1, 2, 3, 4, 6, 7, 8, 0, 1, 5]
+    assert packed.input_ids[0, packed.expand].tolist() == full
+    assert packed.first.tolist() == [0, 1, 2, 3, 4, 10, 5, 6, 7]
+    assert packed.cu_seqlens.tolist() == [0, 5, 8, 11]
+    assert packed.source.tolist() == collate([0, 1, 2], [a, b, c], None, 0, torch.device("cpu"), pack=True).packed.source.tolist()
+
+
 def test_collate_aligns_behaviour_logprobs_with_the_response_positions():
     """Hand-worked: position t predicts token t+1, so response token j of a sample whose prompt
     has p tokens sits at column p-1+j of the [b, L-1] tensors, in both rows of the batch."""

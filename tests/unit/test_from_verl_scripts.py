@@ -145,6 +145,15 @@ def test_fp8_rollouts_translate_with_the_correction_as_written():
                                  for e in t.errors), t.errors
 
 
+def test_verls_prefix_grouper_is_shared_prompts():
+    """verl's PrefixGrouper (each prompt once per micro-batch) is model.sharePrompts; verl can't combine
+    it with use_remove_padding, which here is the layout it builds on."""
+    spec = translate(_cfg(BASE + "actor_rollout_ref.actor.use_prefix_grouper=True "
+                                 "actor_rollout_ref.model.use_remove_padding=False")).job.spec
+    assert spec.model.share_prompts and not spec.model.use_remove_padding
+    assert not translate(_cfg(BASE)).job.spec.model.share_prompts
+
+
 def test_an_fp8_kv_cache_passed_to_vllm_is_translated_and_the_other_dtypes_refused():
     """verl hands engine_kwargs.vllm to vLLM as is (its deepseek-v4 scripts set kv_cache_dtype=fp8): an FP8
     KV cache changes what the rollouts sample, so it is kept, never dropped as an engine knob."""

@@ -86,8 +86,10 @@ def _packed_logprobs(model, mb: MicroBatch, temperature: float, with_entropy: bo
     scored[valid] = mb.predicts_response.flatten()[packed.source[valid]]
     where = scored.nonzero().squeeze(1)
     dest, labels = packed.source[where], mb.targets.flatten()[packed.source[where]]
+    if packed.expand is not None:    # shared prompts: the predicting positions in the model's row
+        where = packed.expand[where]  # (a prompt's last one predicts each of its responses' first token)
     inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False, logits_to_keep=where,
-                  **varlen_kwargs(model, packed.cu_seqlens, packed.max_length))
+                  **varlen_kwargs(model, packed))
     head = fused_head(model)
     entropy = None
     if head is not None:
@@ -153,15 +155,16 @@ class Actor:
                                   freeze_vision=spec.trainer.freeze_vision_tower)
         algo = spec.algorithm
         self.lora = model_spec.lora is not None
-        self.pack = model_spec.use_remove_padding   # packed micro-batches (batch.Packed)
+        self.pack = model_spec.use_remove_padding or model_spec.share_prompts   # packed micro-batches (batch.Packed)
         # A VL model's images, per micro-batch (grpo_trainer.vision); its rows are never packed.
         self.image_processor = vision.load_image_processor(model_spec) if vision.is_vision_language(
             self.model.config) else None
         if self.image_processor is not None and self.pack:
             self.pack = False
             if self.rank == 0:
-                log.warning("spec.model.useRemovePadding: a vision-language model's micro-batches are padded, not "
-                            "packed (its mrope positions are not packed yet, issue 45)")
+                log.warning("spec.model.useRemovePadding, sharePrompts: a vision-language model's micro-batches are "
+                            "padded, not packed (its mrope positions are not packed yet, issue 45)")
+        self.share_prompts = self.pack and model_spec.share_prompts
         # With LoRA the reference is the policy with its adapters off (`_reference`): no copy.
         self.uses_reference = algo.use_kl_loss or algo.use_kl_in_reward
         self.ref = (build_reference(model_spec, device, cpu_offload=spec.trainer.ref_cpu_offload, compile=compile)
@@ -304,7 +307,8 @@ class Actor:
         """This rank's share of every mini-batch, cut into micro-batches (by count or tokens)."""
         per_mini = self.spec.trainer.mini_batch_size * self.spec.rollout.n
         groups = [batching.micro_batches(batching.rank_share(list(range(start, start + per_mini)), self.rank, self.world),
-                                         samples, max_count=max_count, max_tokens=max_tokens, packed=self.pack)
+                                         samples, max_count=max_count, max_tokens=max_tokens, packed=self.pack,
+                                         share_prompts=self.share_prompts)
                   for start in range(0, len(samples), per_mini)]
         return [self._collate(samples, g) for g in self._as_many_on_every_rank(groups, max_tokens)]
 
@@ -318,7 +322,8 @@ class Actor:
         return [batching.split_to(g, n) for g, n in zip(groups, counts.tolist())]
 
     def _collate(self, samples: list[Sample], groups: list[list[int]]) -> list[MicroBatch]:
-        mbs = [batching.collate(g, samples, None, self.pad_token_id, self.device, pack=self.pack) for g in groups]
+        mbs = [batching.collate(g, samples, None, self.pad_token_id, self.device, pack=self.pack,
+                                share_prompts=self.share_prompts) for g in groups]
         if self.image_processor is not None:
             for mb in mbs:
                 pixels = vision.pixel_inputs(self.image_processor, [b for i in mb.indices for b in samples[i].images])
@@ -341,7 +346,7 @@ class Actor:
         def logprobs(model):
             if not forward:
                 groups = batching.micro_batches(indices, samples, max_count=len(indices), max_tokens=budget,
-                                                packed=self.pack)
+                                                packed=self.pack, share_prompts=self.share_prompts)
                 forward.extend(self._collate(samples, self._as_many_on_every_rank([groups], budget)[0]))
             per_sample = batching.gather_response_values(forward, compute_logprobs(model, forward, temperature),
                                                          samples, width)

@@ -8,6 +8,13 @@ every attention layer) runs varlen_attn; any other forward (padded rows) is sdpa
 On CPU, in float32, or with a torch without the varlen kernel, models keep sdpa, which honours
 the packed positions through its block-diagonal mask (transformers' masking_utils): the same
 numbers, at the cost of the whole row's attention.
+
+Shared prompts (model.sharePrompts, `batch.Packed.expand`): the layers run on a row that holds
+each prompt once, but attention runs on the full row: queries, keys and values are copied out
+to it (`expand`), each sample attends to itself as above, and each shared position keeps its
+first copy's output (`first`). Attention is a few percent of the FLOPs at these lengths; the
+rest (projections, MLP, head) is what the prompt's copies would have cost. On CPU or in float32,
+where varlen_attn is missing, VARLEN runs sdpa sample by sample (`_per_sample`) for this row.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import inspect
 import math
 
 import torch
+import torch.nn.functional as F
 
 VARLEN = "grpo_varlen"
 # The same kernel for a vision tower, whose attention is not causal. "flash" in the name is what
@@ -37,13 +45,33 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     if cu is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
+    expand, first = kwargs.get("grpo_expand"), kwargs.get("grpo_first")
+    if expand is not None:       # the shared row's queries, keys and values, copied out to the full row
+        query, key, value = (t[:, :, expand] for t in (query, key, value))
+    causal = kwargs.get("is_causal", getattr(module, "is_causal", True))
+    if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and varlen_available(query.device):
+        out = _varlen(query, key, value, cu, kwargs["max_length_q"], causal, scaling)
+    else:
+        out = _per_sample(query, key, value, cu, causal, scaling)
+    return (out[:, first] if first is not None else out), None   # [1, n, heads, d], as transformers' return
+
+
+def _per_sample(query, key, value, cu, causal: bool, scaling: float | None) -> torch.Tensor:
+    """The reference of `_varlen`: sdpa on each sample's span alone. [1, heads, n, d] -> [1, n, heads, d]."""
+    bounds = cu.tolist()
+    outs = [F.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=causal,
+                                           scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+            for a, b in zip(bounds[:-1], bounds[1:])]
+    return torch.cat(outs, dim=2).transpose(1, 2)
+
+
+def _varlen(query, key, value, cu, max_length: int, causal: bool, scaling: float | None) -> torch.Tensor:
     varlen_attn, params = _varlen_attn()
     # [1, heads, n, d] -> [n, heads, d]: usually a view already (no copy)
     q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
     # The function's keywords changed across torch releases: causal is is_causal=True (2.9) or
     # window_size=(-1, 0) (later); grouped-query heads need enable_gqa where it exists (flash
     # itself takes fewer key/value heads); without `scale` it is flash's 1/sqrt(d), Qwen's.
-    causal = kwargs.get("is_causal", getattr(module, "is_causal", True))
     if "window_size" in params:
         options = {"window_size": (-1, 0) if causal else (-1, -1)}
     else:
@@ -54,9 +82,7 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
         raise RuntimeError(f"varlen attention without a scale argument can't apply the model's {scaling}")
     if "enable_gqa" in params:
         options["enable_gqa"] = q.shape[1] != k.shape[1]
-    n = kwargs["max_length_q"]
-    out = varlen_attn(q, k, v, cu, cu, n, n, **options)
-    return out.unsqueeze(0), None      # [1, n, heads, d], as transformers' attention functions return
+    return varlen_attn(q, k, v, cu, cu, max_length, max_length, **options).unsqueeze(0)
 
 
 @functools.cache
@@ -65,10 +91,11 @@ def _varlen_attn():
     return varlen_attn, set(inspect.signature(varlen_attn).parameters)
 
 
-def attn_implementation(device: torch.device, packed: bool, dtype: torch.dtype) -> str:
+def attn_implementation(device: torch.device, packed: bool, dtype: torch.dtype, shared: bool = False) -> str:
     """The model's attention: VARLEN (registered with transformers here) for packed rows on a GPU
-    with the kernel, computing in bf16 or fp16 (flash attention's), else sdpa."""
-    if not (packed and varlen_available(device) and dtype in (torch.bfloat16, torch.float16)):
+    with the kernel, computing in bf16 or fp16 (flash attention's), and for shared prompts
+    anywhere; else sdpa."""
+    if not (shared or packed and varlen_available(device) and dtype in (torch.bfloat16, torch.float16)):
         return "sdpa"
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -86,10 +113,14 @@ def vision_attn_implementation(device: torch.device, dtype: torch.dtype) -> str 
     return VISION_VARLEN
 
 
-def varlen_kwargs(model, cu_seqlens: torch.Tensor, max_length: int) -> dict:
-    """What a forward of `model` on a packed row passes down to VARLEN: the samples' boundaries
-    (int32 [samples + 1]) and the longest; nothing for other attention implementations."""
+def varlen_kwargs(model, packed) -> dict:
+    """What a forward of `model` on a packed row (batch.Packed) passes down to VARLEN: the
+    samples' boundaries (int32 [samples + 1]), the longest, and a shared row's maps; nothing for
+    other attention implementations."""
     if getattr(model.config, "_attn_implementation", None) != VARLEN:
+        if packed.expand is not None:
+            raise RuntimeError("a row of shared prompts needs the model built with model.sharePrompts")
         return {}
-    return {"cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens, "max_length_q": max_length,
-            "max_length_k": max_length}
+    shared = {} if packed.expand is None else {"grpo_expand": packed.expand, "grpo_first": packed.first}
+    return {"cu_seq_lens_q": packed.cu_seqlens, "cu_seq_lens_k": packed.cu_seqlens, "max_length_q": packed.max_length,
+            "max_length_k": packed.max_length, **shared}

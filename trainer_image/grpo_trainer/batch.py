@@ -139,22 +139,33 @@ def rank_share(indices: list[int], rank: int, world: int) -> list[int]:
 
 
 def micro_batches(indices: list[int], samples: list[Sample], *, max_count: int,
-                  max_tokens: int | None, packed: bool = False) -> list[list[int]]:
+                  max_tokens: int | None, packed: bool = False, share_prompts: bool = False) -> list[list[int]]:
     """Group samples, longest first, so each micro-batch's padded size (count x longest), or
     `packed` its tokens, stays within `max_tokens` (or its count within `max_count` when there's
-    no token budget)."""
+    no token budget). `share_prompts` (packed, model.sharePrompts): the responses to one prompt
+    stay together, largest group first, and a prompt counts once per micro-batch."""
     order = sorted(indices, key=lambda i: -samples[i].length)
+    if share_prompts:
+        by_prompt: dict[tuple[int, ...], list[int]] = {}
+        for i in indices:
+            by_prompt.setdefault(tuple(samples[i].prompt_ids), []).append(i)
+        units = sorted(by_prompt.items(), key=lambda kv: -(len(kv[0]) + sum(len(samples[i].response_ids)
+                                                                            for i in kv[1])))
+        order = [i for _, unit in units for i in unit]
     groups: list[list[int]] = []
-    size = 0
+    size, prompts = 0, set()
     for i in order:
+        prompt = tuple(samples[i].prompt_ids) if share_prompts else None
+        cost = len(samples[i].response_ids) if share_prompts and prompt in prompts else samples[i].length
         if groups:
             g = groups[-1]
-            size = size + samples[i].length if packed else (len(g) + 1) * samples[g[0]].length
+            size = size + cost if packed or share_prompts else (len(g) + 1) * samples[g[0]].length
             if size <= max_tokens if max_tokens else len(g) < max_count:
                 g.append(i)
+                prompts.add(prompt)
                 continue
         groups.append([i])
-        size = samples[i].length
+        size, prompts = samples[i].length, {prompt}
     return groups
 
 
@@ -176,13 +187,19 @@ def split_to(groups: list[list[int]], count: int) -> list[list[int]]:
 @dataclass
 class Packed:
     """A micro-batch's samples as one row without padding (model.useRemovePadding): each with its
-    own positions from 0, from which transformers masks attention to each sample alone."""
-    input_ids: torch.Tensor      # [1, n]
-    position_ids: torch.Tensor   # [1, n]
-    source: torch.Tensor         # [n]: where position j's prediction goes in the padded [b, L-1]
+    own positions from 0, from which transformers masks attention to each sample alone.
+
+    With model.sharePrompts the model's row holds each distinct prompt once, followed by the
+    responses to it (the shared row, m tokens); `expand` and `first` map it to and from the row
+    above (the full row, n tokens), in which attention runs and `source` is given."""
+    input_ids: torch.Tensor      # [1, m]
+    position_ids: torch.Tensor   # [1, m]: a response's positions continue its prompt's
+    source: torch.Tensor         # [n]: where full position j's prediction goes in the padded [b, L-1]
     #                               tensors, flattened (row x (L-1) + t); -1 for a sample's last token
-    cu_seqlens: torch.Tensor     # [b + 1] int32: where each sample starts, and n (varlen attention)
+    cu_seqlens: torch.Tensor     # [b + 1] int32: where each sample starts in the full row, and n
     max_length: int              # the longest sample
+    expand: torch.Tensor | None = None   # [n]: the shared position of each full position
+    first: torch.Tensor | None = None    # [m]: the full position of each shared one's first copy
 
 
 @dataclass
@@ -245,10 +262,10 @@ def gather_response_values(micro_batches: list[MicroBatch], per_mb: list[torch.T
 
 
 def collate(indices: list[int], samples: list[Sample], advantages: list[torch.Tensor] | None, pad_id: int,
-            device: torch.device, *, pack: bool = False) -> MicroBatch:
+            device: torch.device, *, pack: bool = False, share_prompts: bool = False) -> MicroBatch:
     """`advantages`: per sample, by index; None leaves them 0 (set later: set_response_values).
     The losses' tensors are [b, L-1] (padded) either way; `pack` adds the model's input as one
-    row without padding (`Packed`)."""
+    row without padding (`Packed`), `share_prompts` with each prompt once."""
     width = max(samples[i].length for i in indices)
     b = len(indices)
     input_ids = torch.full((b, width), pad_id, dtype=torch.long)
@@ -277,10 +294,12 @@ def collate(indices: list[int], samples: list[Sample], advantages: list[torch.Te
                       resp_mask.to(device), adv.to(device), behaviour.to(device) if behaviour is not None else None,
                       response_start=start,
                       predicts_response=span.to(device),
-                      packed=_pack(input_ids, attention, device) if pack else None)
+                      packed=_pack(input_ids, attention, device, [len(samples[i].prompt_ids) for i in indices]
+                                   if share_prompts else None) if pack or share_prompts else None)
 
 
-def _pack(input_ids: torch.Tensor, attention: torch.Tensor, device: torch.device) -> Packed:
+def _pack(input_ids: torch.Tensor, attention: torch.Tensor, device: torch.device,
+          prompt_lengths: list[int] | None = None) -> Packed:
     lengths = attention.sum(dim=1).tolist()
     width = input_ids.shape[1]
     keep = attention.bool()
@@ -288,5 +307,25 @@ def _pack(input_ids: torch.Tensor, attention: torch.Tensor, device: torch.device
     rows = torch.cat([torch.full((n,), row) for row, n in enumerate(lengths)])
     source = torch.where(positions < torch.tensor(lengths)[rows] - 1, rows * (width - 1) + positions, -1)
     cu_seqlens = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
-    return Packed(input_ids[keep].unsqueeze(0).to(device), positions.unsqueeze(0).to(device), source.to(device),
-                  cu_seqlens.to(device), max(lengths))
+    full = input_ids[keep]
+    if prompt_lengths is None:
+        return Packed(full.unsqueeze(0).to(device), positions.unsqueeze(0).to(device), source.to(device),
+                      cu_seqlens.to(device), max(lengths))
+    # The shared row: each distinct prompt once (its first row's copy), then the responses to it;
+    # each full position maps to its token's one copy there.
+    rows_by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for row, p in enumerate(prompt_lengths):
+        rows_by_prompt.setdefault(tuple(input_ids[row, :p].tolist()), []).append(row)
+    expand = torch.empty(len(full), dtype=torch.long)
+    shared: list[int] = []        # the full position of each shared one
+    for rows in rows_by_prompt.values():
+        p, prompt = prompt_lengths[rows[0]], len(shared)
+        shared.extend(range(int(cu_seqlens[rows[0]]), int(cu_seqlens[rows[0]]) + p))
+        for row in rows:
+            start, end = int(cu_seqlens[row]), int(cu_seqlens[row + 1])
+            expand[start:start + p] = torch.arange(prompt, prompt + p)
+            expand[start + p:end] = torch.arange(len(shared), len(shared) + end - start - p)
+            shared.extend(range(start + p, end))
+    first = torch.tensor(shared)
+    return Packed(full[first].unsqueeze(0).to(device), positions[first].unsqueeze(0).to(device), source.to(device),
+                  cu_seqlens.to(device), max(lengths), expand.to(device), first.to(device))

@@ -42,7 +42,9 @@ def forward_values(model, mb: MicroBatch) -> torch.Tensor:
     if mb.packed is not None:    # one row without padding: the values go back to [b, L-1]
         packed, (b, width) = mb.packed, mb.targets.shape
         values = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
-                       **varlen_kwargs(model, packed.cu_seqlens, packed.max_length)).logits[0, :, 0]
+                       **varlen_kwargs(model, packed)).logits[0, :, 0]
+        if packed.expand is not None:     # shared prompts: each full position's value
+            values = values[packed.expand]
         valid = packed.source >= 0
         out = values.float().new_zeros(b * width)
         return out.index_put((packed.source[valid],), values[valid].float()).view(b, width)

@@ -159,10 +159,12 @@ def _load_sharded(spec: ModelSpec, device: torch.device, *, dtype: torch.dtype, 
     config = model_config(spec, value_head=value_head, field=field)
     auto = AutoModelForTokenClassification if value_head else auto_model_class(config)
     # A VL model's micro-batches are never packed (grpo_trainer.vision): plain sdpa.
-    packed = spec.use_remove_padding and not is_vision_language(config)
+    vl = is_vision_language(config)
+    packed, shared = spec.use_remove_padding and not vl, spec.share_prompts and not vl
     with _parameters_on_meta():
         model = auto.from_config(config, dtype=dtype, trust_remote_code=spec.trust_remote_code,
-                                 attn_implementation=attn_implementation(device, packed, _DTYPES[spec.dtype.value]))
+                                 attn_implementation=attn_implementation(device, packed, _DTYPES[spec.dtype.value],
+                                                                         shared))
     vision_attention = vision_attn_implementation(device, _DTYPES[spec.dtype.value])
     if is_vision_language(config) and vision_attention is not None:
         set_vision_attention(model, vision_attention)     # one kernel call per layer, not one per window
