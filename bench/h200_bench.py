@@ -269,17 +269,19 @@ def model_attention(spec, dev) -> str:
     import torch
 
     from grpo_trainer.attention import attn_implementation
-    return attn_implementation(dev, spec.model.use_remove_padding, getattr(torch, spec.model.dtype.value))
+    return attn_implementation(dev, spec.model.use_remove_padding, getattr(torch, spec.model.dtype.value),
+                               spec.model.share_prompts)
 
 
-def packed_check(model, group, samples, adv, dev, temperature: float) -> float:
+def packed_check(model, group, samples, adv, dev, temperature: float, shared: bool = False) -> float:
     """The largest |difference| of the policy's log-probs on one micro-batch's response tokens,
-    packed against padded (attention kernels and layouts: only rounding may differ)."""
+    packed (`shared`: with each prompt once, model.sharePrompts) against padded (attention kernels
+    and layouts: only rounding may differ)."""
     import torch
 
     from grpo_trainer import actor, batch as batching
     with torch.no_grad():
-        packed = batching.collate(group, samples, adv, 0, dev, pack=True)
+        packed = batching.collate(group, samples, adv, 0, dev, pack=True, share_prompts=shared)
         padded = batching.collate(group, samples, adv, 0, dev)
         diff = (actor.forward_logprobs(model, packed, temperature)[0]
                 - actor.forward_logprobs(model, padded, temperature)[0])
@@ -304,8 +306,8 @@ def cmd_train(args) -> None:
     from grpo_trainer import actor, batch as batching
     from grpo_trainer.lora import wrapper
     from grpo_trainer.model import build_optimizer, build_policy, build_reference
-    if set(args.heads) - {"fused", "logits"} or set(args.layouts) - {"padded", "packed"}:
-        raise SystemExit(f"--heads: fused, logits; --layouts: padded, packed (got {args.heads}, {args.layouts})")
+    if set(args.heads) - {"fused", "logits"} or set(args.layouts) - {"padded", "packed", "shared"}:
+        raise SystemExit(f"--heads: fused, logits; --layouts: padded, packed, shared (got {args.heads}, {args.layouts})")
     dev = device()
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
@@ -314,7 +316,11 @@ def cmd_train(args) -> None:
     # With packed rows the models get model.useRemovePadding's attention (varlen on a GPU; padded
     # rows then run sdpa as before).
     sets = dict(kv.split("=", 1) for kv in args.set)      # --set KEY=VALUE: e.g. model.dtype on a tiny run
-    job = load_bench_job(args, **({"spec.model.useRemovePadding": "true"} if "packed" in args.layouts else {}), **sets)
+    # shared: model.sharePrompts, each prompt once in a packed row (the same model serves every layout)
+    layout_sets = {"spec.model.useRemovePadding": "true"} if {"packed", "shared"} & set(args.layouts) else {}
+    if "shared" in args.layouts:
+        layout_sets["spec.model.sharePrompts"] = "true"
+    job = load_bench_job(args, **layout_sets, **sets)
     spec = job.spec
     config = AutoConfig.from_pretrained(spec.model.path)
     log(f"attention: {model_attention(spec, dev)}")
@@ -337,11 +343,11 @@ def cmd_train(args) -> None:
     for k, (max_tokens, head, layout) in enumerate(variants):
         for m in (model, ref):
             set_lm_head(m, head == "fused")
-        packed = layout == "packed"
+        packed, shared = layout != "padded", layout == "shared"
         spec_k = load_bench_job(args, **{"spec.trainer.maxTokensPerGPU": max_tokens}, **sets).spec
-        groups = batching.micro_batches(list(range(len(samples))), samples, packed=packed,
+        groups = batching.micro_batches(list(range(len(samples))), samples, packed=packed, share_prompts=shared,
                                         max_count=spec_k.trainer.micro_batch_size_per_gpu, max_tokens=max_tokens)
-        mbs = [batching.collate(g, samples, adv, 0, dev, pack=packed) for g in groups]
+        mbs = [batching.collate(g, samples, adv, 0, dev, pack=packed, share_prompts=shared) for g in groups]
         steps = args.steps + args.warmup    # each variant warms up: its own shapes and memory
         if dev.type == "cuda":
             torch.cuda.empty_cache()
@@ -361,7 +367,7 @@ def cmd_train(args) -> None:
             log(f"maxTokensPerGPU={max_tokens} {head} head {layout} step {step}: ref {t2 - t1:.2f}s "
                 f"update {t3 - t2:.2f}s "
                 f"kl {result.metrics.get('actor/kl_loss'):.3g} gn {result.metrics.get('actor/grad_norm'):.3g}")
-        check = packed_check(model, groups[0], samples, adv, dev, spec_k.rollout.temperature) if packed else None
+        check = packed_check(model, groups[0], samples, adv, dev, spec_k.rollout.temperature, shared) if packed else None
         timed = rows[args.warmup:]
         train_s = median([r["train_s"] for r in timed])
         ref_s, upd_s = median([r["ref_s"] for r in timed]), median([r["update_s"] for r in timed])

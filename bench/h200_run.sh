@@ -115,6 +115,10 @@ for phase in $PHASES; do
     # realistic (skewed) lengths with the same tokens per step.
     train-fused)  run train-fused 150 60 train --max-tokens 16384 --heads fused,logits --warmup 1 --steps 2 $extra ;;
     train-packed) run train-packed 150 60 train --max-tokens 16384 --layouts padded,packed --warmup 1 --steps 2 $extra ;;
+    # Issue 47: model.sharePrompts (each prompt once per micro-batch) against packed rows, compiled as
+    # the trainer runs; the check line is the log-prob difference of each layout against padded rows.
+    train-shared) run train-shared 300 120 train --compile --max-tokens 16384 --layouts packed,shared \
+                    --warmup 1 --steps 2 $extra ;;
     train-skewed) run train-skewed 150 60 train --lengths skewed --max-tokens 16384 --layouts padded,packed \
                     --warmup 1 --steps 2 $extra ;;
     gen-baseline) run gen-baseline 90 40 gen --variant baseline --prompts 8 --gen-tokens 128 $extra ;;
