@@ -34,8 +34,11 @@ VARLEN = "grpo_varlen"
 VISION_VARLEN = "grpo_flash_varlen_vision"
 
 
+_HAS_VARLEN = importlib.util.find_spec("torch.nn.attention.varlen") is not None   # a constant for torch.compile
+
+
 def varlen_available(device: torch.device) -> bool:
-    return device.type == "cuda" and importlib.util.find_spec("torch.nn.attention.varlen") is not None
+    return device.type == "cuda" and _HAS_VARLEN
 
 
 def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
@@ -49,7 +52,7 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     if expand is not None:       # the shared row's queries, keys and values, copied out to the full row
         query, key, value = (t[:, :, expand] for t in (query, key, value))
     causal = kwargs.get("is_causal", getattr(module, "is_causal", True))
-    if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and varlen_available(query.device):
+    if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and _HAS_VARLEN:
         out = _varlen(query, key, value, cu, kwargs["max_length_q"], causal, scaling)
     else:
         out = _per_sample(query, key, value, cu, causal, scaling)
