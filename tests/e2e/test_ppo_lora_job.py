@@ -46,6 +46,7 @@ def test_a_ppo_job_with_lora_trains_critic_and_adapters_and_keeps_the_best_check
     rows = [r for r in metrics(cluster, ns, name) if "training/step" in r]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert all(r["critic/vf_loss"] >= 0 and r["critic/lr"] == 2e-3 and "critic/values/mean" in r for r in rows)
+    assert all(r["perf/layer_tokens"] < r["perf/total_num_tokens"] for r in rows)     # sharePrompts ran
     kl = [r["actor/kl_loss"] for r in rows]
     assert kl[0] == 0.0 and kl[-1] > 0, kl          # the reference: the base, adapters off
     # the best validation step so far, as the status and `kubectl get gj -o wide` show it

@@ -103,8 +103,13 @@ def test_quickstart_reward_rises_beyond_a_no_learning_control(learning_runs, run
     assert learn_gain > ctrl_gain + 0.05, detail
     assert learn_last > 3 * ctrl_last + 0.02, detail
     assert all(r["actor/lr"] == pytest.approx(CONTROL_LR) for r in read_metrics(learning_runs["control"]))
-    if run == "ppo":   # the critic trained beside the policy, every step
-        assert all(r["critic/vf_loss"] >= 0 and r["critic/lr"] == 2e-3 for r in read_metrics(learning_runs[run]))
+    if run == "ppo":   # the critic trained beside the policy, every step, on rows of shared prompts
+        rows = read_metrics(learning_runs[run])      # (64 prompts x 8 responses: 7 x 64 prompts fewer)
+        assert all(r["critic/vf_loss"] >= 0 and r["critic/lr"] == 2e-3 for r in rows)
+        assert all(r["perf/layer_tokens"] < r["perf/total_num_tokens"] - 6 * 64 * r["prompt_length/mean"]
+                   for r in rows), [(r["perf/layer_tokens"], r["perf/total_num_tokens"]) for r in rows[:3]]
+    else:
+        assert "perf/layer_tokens" not in read_metrics(learning_runs[run])[0]
     # the trainer starts beside its rollout servers and waits for them: nothing was dispatched
     # into their start-up (a failed attempt, re-dispatched), in any step
     assert all(r["rollout/redispatched_shards"] == 0 for r in read_metrics(learning_runs[run]))

@@ -165,6 +165,8 @@ class Actor:
                 log.warning("spec.model.useRemovePadding, sharePrompts: a vision-language model's micro-batches are "
                             "padded, not packed (its mrope positions are not packed yet, issue 45)")
         self.share_prompts = self.pack and model_spec.share_prompts
+        if self.share_prompts and self.rank == 0:
+            log.info("model.sharePrompts: each prompt once in its micro-batch's row (perf/layer_tokens)")
         # With LoRA the reference is the policy with its adapters off (`_reference`): no copy.
         self.uses_reference = algo.use_kl_loss or algo.use_kl_in_reward
         self.ref = (build_reference(model_spec, device, cpu_offload=spec.trainer.ref_cpu_offload, compile=compile)
@@ -212,6 +214,10 @@ class Actor:
         metrics |= {"critic/advantages/mean": float(adv.mean()),
                     "critic/advantages/std": float(adv.std()) if len(adv) > 1 else 0.0}
         tokens = sum(s.length for s in samples)
+        if self.share_prompts:   # the layers ran on each prompt once per micro-batch: count what ran
+            own = [mb for mbs in minibatches for mb in mbs]
+            tokens = round(tokens * sum(mb.packed.input_ids.shape[1] for mb in own) / sum(mb.num_tokens for mb in own))
+            metrics["perf/layer_tokens"] = tokens
         passes = 0
         if self.critic is not None:
             metrics |= self.critic.update(timings)
