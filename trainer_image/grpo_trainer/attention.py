@@ -52,7 +52,7 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     if expand is not None:       # the shared row's queries, keys and values, copied out to the full row
         query, key, value = (t[:, :, expand] for t in (query, key, value))
     causal = kwargs.get("is_causal", getattr(module, "is_causal", True))
-    if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and _HAS_VARLEN:
+    if varlen_available(query.device) and query.dtype in (torch.bfloat16, torch.float16):
         out = _varlen(query, key, value, cu, kwargs["max_length_q"], causal, scaling)
     else:
         out = _per_sample(query, key, value, cu, causal, scaling)

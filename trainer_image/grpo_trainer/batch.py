@@ -144,18 +144,20 @@ def micro_batches(indices: list[int], samples: list[Sample], *, max_count: int,
     `packed` its tokens, stays within `max_tokens` (or its count within `max_count` when there's
     no token budget). `share_prompts` (packed, model.sharePrompts): the responses to one prompt
     stay together, largest group first, and a prompt counts once per micro-batch."""
-    order = sorted(indices, key=lambda i: -samples[i].length)
+    prompt_of = {i: tuple(samples[i].prompt_ids) if share_prompts else None for i in indices}
     if share_prompts:
         by_prompt: dict[tuple[int, ...], list[int]] = {}
         for i in indices:
-            by_prompt.setdefault(tuple(samples[i].prompt_ids), []).append(i)
+            by_prompt.setdefault(prompt_of[i], []).append(i)
         units = sorted(by_prompt.items(), key=lambda kv: -(len(kv[0]) + sum(len(samples[i].response_ids)
                                                                             for i in kv[1])))
         order = [i for _, unit in units for i in unit]
+    else:
+        order = sorted(indices, key=lambda i: -samples[i].length)
     groups: list[list[int]] = []
     size, prompts = 0, set()
     for i in order:
-        prompt = tuple(samples[i].prompt_ids) if share_prompts else None
+        prompt = prompt_of[i]
         cost = len(samples[i].response_ids) if share_prompts and prompt in prompts else samples[i].length
         if groups:
             g = groups[-1]
