@@ -49,29 +49,32 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     expand, first = kwargs.get("grpo_expand"), kwargs.get("grpo_first")
-    if expand is not None:       # the shared row's queries, keys and values, copied out to the full row
-        query, key, value = (t[:, :, expand] for t in (query, key, value))
     causal = kwargs.get("is_causal", getattr(module, "is_causal", True))
+    # [1, heads, n, d] -> [n, heads, d]: a view; a shared row's are copied out to the full row by
+    # `expand`, in this layout already, so that flash attention's input needs no second copy
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    if expand is not None:
+        q, k, v = q[expand], k[expand], v[expand]
     if varlen_available(query.device) and query.dtype in (torch.bfloat16, torch.float16):
-        out = _varlen(query, key, value, cu, kwargs["max_length_q"], causal, scaling)
+        out = _varlen(q, k, v, cu, kwargs["max_length_q"], causal, scaling)
     else:
-        out = _per_sample(query, key, value, cu, causal, scaling)
-    return (out[:, first] if first is not None else out), None   # [1, n, heads, d], as transformers' return
+        out = _per_sample(q, k, v, cu, causal, scaling)
+    return (out[first] if first is not None else out).unsqueeze(0), None   # [1, n, heads, d], as transformers' return
 
 
-def _per_sample(query, key, value, cu, causal: bool, scaling: float | None) -> torch.Tensor:
-    """The reference of `_varlen`: sdpa on each sample's span alone. [1, heads, n, d] -> [1, n, heads, d]."""
+def _per_sample(q, k, v, cu, causal: bool, scaling: float | None) -> torch.Tensor:
+    """The reference of `_varlen`: sdpa on each sample's span alone. [n, heads, d] -> [n, heads, d]."""
     bounds = cu.tolist()
-    outs = [F.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=causal,
-                                           scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+    outs = [F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v)), is_causal=causal,
+                                           scale=scaling, enable_gqa=q.shape[1] != k.shape[1])
             for a, b in zip(bounds[:-1], bounds[1:])]
-    return torch.cat(outs, dim=2).transpose(1, 2)
+    return torch.cat(outs, dim=1).transpose(0, 1)
 
 
-def _varlen(query, key, value, cu, max_length: int, causal: bool, scaling: float | None) -> torch.Tensor:
+def _varlen(q, k, v, cu, max_length: int, causal: bool, scaling: float | None) -> torch.Tensor:
+    """[n, heads, d] -> [n, heads, d]"""
     varlen_attn, params = _varlen_attn()
-    # [1, heads, n, d] -> [n, heads, d]: usually a view already (no copy)
-    q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
+    q, k, v = (t.contiguous() for t in (q, k, v))   # no copy where they are laid out [n, heads, d] already
     # The function's keywords changed across torch releases: causal is is_causal=True (2.9) or
     # window_size=(-1, 0) (later); grouped-query heads need enable_gqa where it exists (flash
     # itself takes fewer key/value heads); without `scale` it is flash's 1/sqrt(d), Qwen's.
@@ -85,7 +88,7 @@ def _varlen(query, key, value, cu, max_length: int, causal: bool, scaling: float
         raise RuntimeError(f"varlen attention without a scale argument can't apply the model's {scaling}")
     if "enable_gqa" in params:
         options["enable_gqa"] = q.shape[1] != k.shape[1]
-    return varlen_attn(q, k, v, cu, cu, max_length, max_length, **options).unsqueeze(0)
+    return varlen_attn(q, k, v, cu, cu, max_length, max_length, **options)
 
 
 @functools.cache
