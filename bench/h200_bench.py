@@ -288,6 +288,33 @@ def packed_check(model, group, samples, adv, dev, temperature: float, shared: bo
     return float(diff[padded.response_mask.bool()].abs().max())
 
 
+def attention_check(mb, dev, heads: int = 16, kv_heads: int = 8, dim: int = 128) -> float | None:
+    """A shared row's attention (VARLEN: flash's varlen kernel on a GPU in bf16) against the
+    float32 reference, sample by sample (`_per_sample`), on random queries, keys and values of
+    the micro-batch's layout: the largest |difference| (bf16 rounding, ~1e-2; a causal mask
+    aligned otherwise than to each sample's end would differ by ~1)."""
+    import torch
+
+    from grpo_trainer import attention
+    packed = mb.packed
+    if packed is None or packed.key_index is None:
+        return None
+
+    class Layer:
+        is_causal = True
+    m = packed.input_ids.shape[1]
+    gen = torch.Generator(device=dev).manual_seed(0)
+    q, k, v = (torch.randn(1, h, m, dim, device=dev, generator=gen) for h in (heads, kv_heads, kv_heads))
+    kwargs = dict(scaling=dim ** -0.5, cu_seq_lens_q=packed.cu_seqlens_q, cu_seq_lens_k=packed.cu_seqlens_k,
+                  max_length_q=packed.max_length_q, max_length_k=packed.max_length, grpo_key_index=packed.key_index)
+    with torch.no_grad():
+        got, _ = attention._attention(Layer(), *(t.bfloat16() for t in (q, k, v)), None, **kwargs)
+        expected = attention._per_sample(*(t[0].transpose(0, 1) for t in (q, k[:, :, packed.key_index],
+                                                                          v[:, :, packed.key_index])),
+                                         packed.cu_seqlens_q, packed.cu_seqlens_k, True, dim ** -0.5)
+    return float((got[0].float() - expected).abs().max())
+
+
 def init_dist(dev) -> None:
     import socket
 
@@ -368,6 +395,7 @@ def cmd_train(args) -> None:
                 f"update {t3 - t2:.2f}s "
                 f"kl {result.metrics.get('actor/kl_loss'):.3g} gn {result.metrics.get('actor/grad_norm'):.3g}")
         check = packed_check(model, groups[0], samples, adv, dev, spec_k.rollout.temperature, shared) if packed else None
+        attention_diff = attention_check(mbs[0], dev) if shared else None
         timed = rows[args.warmup:]
         train_s = median([r["train_s"] for r in timed])
         ref_s, upd_s = median([r["ref_s"] for r in timed]), median([r["update_s"] for r in timed])
@@ -375,6 +403,7 @@ def cmd_train(args) -> None:
         hfu_flops = tokens * flops["fwd_per_token"] * 5          # + the checkpointed recompute
         emit(args, "train", max_tokens_per_gpu=max_tokens, head=head, layout=layout, lengths=args.lengths,
              packed_vs_padded_logp_max_diff=check, attention=model_attention(spec, dev),
+             shared_attention_vs_reference_max_diff=attention_diff,
              model_tokens=sum((mb.packed or mb).input_ids.numel() for mb in mbs),   # padding included
              compiled=args.compile, micro_batches=len(mbs),
              micro_batch_rows=[len(g) for g in groups], tokens=tokens, steps=rows, warmup=args.warmup,

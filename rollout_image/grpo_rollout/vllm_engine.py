@@ -45,6 +45,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -56,6 +57,8 @@ import torch
 
 from grpo_rollout import cuda_ipc
 from grpo_rollout.engine import Engine, EngineInfo, LoraAdapter, Sample, SamplingParams
+
+log = logging.getLogger("grpo_rollout.vllm")
 
 VLLM_VERSIONS = "0.26."
 """The vLLM releases this adapter runs with (a prefix of vllm.__version__)."""
@@ -339,6 +342,12 @@ class VLLMEngine(Engine):
             **({"enable_sleep_mode": True} if enable_sleep_mode else {}),
             **({} if max_lora_rank is None else dict(enable_lora=True, max_loras=1,
                                                      max_lora_rank=vllm_max_lora_rank(max_lora_rank))))
+        config = self._llm.llm_engine.vllm_config
+        # What a benchmark reads back: vLLM's own startup lines don't reach the server's log
+        log.info("vLLM %s: dtype %s, weights %s, KV cache %s (%d blocks of %d tokens), gpu_memory_utilization %s",
+                 vllm.__version__, config.model_config.dtype, config.model_config.quantization or "unquantized",
+                 config.cache_config.cache_dtype, config.cache_config.num_gpu_blocks or 0,
+                 config.cache_config.block_size, gpu_memory_utilization)
         self.accepts_lora_adapters = max_lora_rank is not None
         self.loads_whole_versions = quantization is not None
         self._lora = None            # the LoRARequest of the adapters every generate call applies

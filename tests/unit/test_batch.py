@@ -102,8 +102,10 @@ def test_shared_prompt_micro_batches_keep_a_prompts_responses_together_and_count
 def test_shared_prompt_collate_is_each_prompt_once_with_maps_to_the_full_row():
     """Hand-worked: a and c share prompt [11, 12], b has its own. The full row is a, b, c packed
     as with useRemovePadding; the model's row is [11, 12] a's response, c's response, then b.
-    `expand` takes each full position to its token's one copy (c's prompt to a's), `first` each
-    shared position back to its first copy; a response's positions continue its prompt's."""
+    `expand` takes each full position to its token's one copy (c's prompt to a's); a response's
+    positions continue its prompt's. Attention's queries are the model's row as it is, a's prompt
+    and response, c's response, b's prompt and response; each sample's keys are its prompt's and
+    its own, gathered by `key_index` in the same order."""
     a = Sample("0-0", 0, 0, [11, 12], [21, 22, 23], None, 1.0, "stop")
     b = Sample("0-1", 1, 0, [13], [24, 25], None, 0.0, "stop")
     c = Sample("0-0", 0, 1, [11, 12], [26], None, 0.0, "length")
@@ -114,8 +116,11 @@ def test_shared_prompt_collate_is_each_prompt_once_with_maps_to_the_full_row():
     full = [11, 12, 21, 22, 23, 13, 24, 25, 11, 12, 26]
     assert packed.expand.tolist() == [0, 1, 2, 3, 4, 6, 7, 8, 0, 1, 5]
     assert packed.input_ids[0, packed.expand].tolist() == full
-    assert packed.first.tolist() == [0, 1, 2, 3, 4, 10, 5, 6, 7]
     assert packed.cu_seqlens.tolist() == [0, 5, 8, 11]
+    assert packed.cu_seqlens_q.tolist() == [0, 5, 6, 9] and packed.max_length_q == 5
+    assert packed.key_index.tolist() == [0, 1, 2, 3, 4, 0, 1, 5, 6, 7, 8]
+    assert packed.cu_seqlens_k.tolist() == [0, 5, 8, 11]
+    assert packed.input_ids[0, packed.key_index].tolist() == [11, 12, 21, 22, 23, 11, 12, 26, 13, 24, 25]
     assert packed.source.tolist() == collate([0, 1, 2], [a, b, c], None, 0, torch.device("cpu"), pack=True).packed.source.tolist()
 
 

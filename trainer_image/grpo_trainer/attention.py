@@ -9,12 +9,15 @@ On CPU, in float32, or with a torch without the varlen kernel, models keep sdpa,
 the packed positions through its block-diagonal mask (transformers' masking_utils): the same
 numbers, at the cost of the whole row's attention.
 
-Shared prompts (model.sharePrompts, `batch.Packed.expand`): the layers run on a row that holds
-each prompt once, but attention runs on the full row: queries, keys and values are copied out
-to it (`expand`), each sample attends to itself as above, and each shared position keeps its
-first copy's output (`first`). Attention is a few percent of the FLOPs at these lengths; the
-rest (projections, MLP, head) is what the prompt's copies would have cost. On CPU or in float32,
-where varlen_attn is missing, VARLEN runs sdpa sample by sample (`_per_sample`) for this row.
+Shared prompts (model.sharePrompts, `batch.Packed.key_index`): the layers run on a row that
+holds each prompt once, followed by its responses. Its queries are attention's queries as they
+are: a prompt's first sample takes the prompt and its response, each other sample its response
+alone. Each sample's keys and values, its prompt's and its own, are gathered into a row of their
+own (`key_index`), and the causal mask is aligned to the ends (a sample's last query sees all its
+keys), which is flash attention's rule where a sequence has fewer queries than keys. Only the
+keys and values are copied: a few percent of the step's FLOPs at these lengths, where the
+projections, MLP and head would have run on every copy of the prompt. Where varlen_attn is
+missing (CPU, float32), VARLEN runs sdpa sample by sample (`_per_sample`) for this row.
 """
 
 from __future__ import annotations
@@ -48,31 +51,36 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     if cu is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    expand, first = kwargs.get("grpo_expand"), kwargs.get("grpo_first")
+    cu_k = kwargs.get("cu_seq_lens_k", cu)
+    max_q = kwargs["max_length_q"]
+    max_k = kwargs.get("max_length_k", max_q)
     causal = kwargs.get("is_causal", getattr(module, "is_causal", True))
-    # [1, heads, n, d] -> [n, heads, d]: a view; a shared row's are copied out to the full row by
-    # `expand`, in this layout already, so that flash attention's input needs no second copy
+    # [1, heads, n, d] -> [n, heads, d]: a view
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
-    if expand is not None:
-        q, k, v = q[expand], k[expand], v[expand]
+    key_index = kwargs.get("grpo_key_index")
+    if key_index is not None:      # shared prompts: each sample's keys and values, its prompt's then its own
+        k, v = k[key_index], v[key_index]
     if varlen_available(query.device) and query.dtype in (torch.bfloat16, torch.float16):
-        out = _varlen(q, k, v, cu, kwargs["max_length_q"], causal, scaling)
+        out = _varlen(q, k, v, cu, cu_k, max_q, max_k, causal, scaling)
     else:
-        out = _per_sample(q, k, v, cu, causal, scaling)
-    return (out[first] if first is not None else out).unsqueeze(0), None   # [1, n, heads, d], as transformers' return
+        out = _per_sample(q, k, v, cu, cu_k, causal, scaling)
+    return out.unsqueeze(0), None   # [1, n, heads, d], as transformers' return
 
 
-def _per_sample(q, k, v, cu, causal: bool, scaling: float | None) -> torch.Tensor:
-    """The reference of `_varlen`: sdpa on each sample's span alone. [n, heads, d] -> [n, heads, d]."""
-    bounds = cu.tolist()
-    outs = [F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v)), is_causal=causal,
-                                           scale=scaling, enable_gqa=q.shape[1] != k.shape[1])
-            for a, b in zip(bounds[:-1], bounds[1:])]
+def _per_sample(q, k, v, cu_q, cu_k, causal: bool, scaling: float | None) -> torch.Tensor:
+    """The reference of `_varlen`: sdpa on each sample alone, the causal mask aligned to the ends
+    where a sample has fewer queries than keys. [n_q, heads, d] -> [n_q, heads, d]."""
+    outs = []
+    for (a, b), (c, d) in zip(zip(cu_q.tolist(), cu_q.tolist()[1:]), zip(cu_k.tolist(), cu_k.tolist()[1:])):
+        mask = torch.ones(b - a, d - c, dtype=torch.bool, device=q.device).tril(d - c - (b - a)) if causal else None
+        outs.append(F.scaled_dot_product_attention(q[a:b].transpose(0, 1), k[c:d].transpose(0, 1),
+                                                   v[c:d].transpose(0, 1), attn_mask=mask, scale=scaling,
+                                                   enable_gqa=q.shape[1] != k.shape[1]))
     return torch.cat(outs, dim=1).transpose(0, 1)
 
 
-def _varlen(q, k, v, cu, max_length: int, causal: bool, scaling: float | None) -> torch.Tensor:
-    """[n, heads, d] -> [n, heads, d]"""
+def _varlen(q, k, v, cu_q, cu_k, max_q: int, max_k: int, causal: bool, scaling: float | None) -> torch.Tensor:
+    """[n_q, heads, d] -> [n_q, heads, d]; causal: aligned to each sample's last query and key"""
     varlen_attn, params = _varlen_attn()
     q, k, v = (t.contiguous() for t in (q, k, v))   # no copy where they are laid out [n, heads, d] already
     # The function's keywords changed across torch releases: causal is is_causal=True (2.9) or
@@ -88,7 +96,7 @@ def _varlen(q, k, v, cu, max_length: int, causal: bool, scaling: float | None) -
         raise RuntimeError(f"varlen attention without a scale argument can't apply the model's {scaling}")
     if "enable_gqa" in params:
         options["enable_gqa"] = q.shape[1] != k.shape[1]
-    return varlen_attn(q, k, v, cu, cu, max_length, max_length, **options)
+    return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **options)
 
 
 @functools.cache
@@ -121,12 +129,14 @@ def vision_attn_implementation(device: torch.device, dtype: torch.dtype) -> str 
 
 def varlen_kwargs(model, packed) -> dict:
     """What a forward of `model` on a packed row (batch.Packed) passes down to VARLEN: the
-    samples' boundaries (int32 [samples + 1]), the longest, and a shared row's maps; nothing for
-    other attention implementations."""
+    samples' boundaries (int32 [samples + 1]) and the longest, a shared row's keys' too; nothing
+    for other attention implementations."""
     if getattr(model.config, "_attn_implementation", None) != VARLEN:
-        if packed.expand is not None:
+        if packed.key_index is not None:
             raise RuntimeError("a row of shared prompts needs the model built with model.sharePrompts")
         return {}
-    shared = {} if packed.expand is None else {"grpo_expand": packed.expand, "grpo_first": packed.first}
-    return {"cu_seq_lens_q": packed.cu_seqlens, "cu_seq_lens_k": packed.cu_seqlens, "max_length_q": packed.max_length,
-            "max_length_k": packed.max_length, **shared}
+    if packed.key_index is None:
+        return {"cu_seq_lens_q": packed.cu_seqlens, "cu_seq_lens_k": packed.cu_seqlens,
+                "max_length_q": packed.max_length, "max_length_k": packed.max_length}
+    return {"cu_seq_lens_q": packed.cu_seqlens_q, "cu_seq_lens_k": packed.cu_seqlens_k,
+            "max_length_q": packed.max_length_q, "max_length_k": packed.max_length, "grpo_key_index": packed.key_index}

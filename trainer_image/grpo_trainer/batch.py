@@ -192,16 +192,22 @@ class Packed:
     own positions from 0, from which transformers masks attention to each sample alone.
 
     With model.sharePrompts the model's row holds each distinct prompt once, followed by the
-    responses to it (the shared row, m tokens); `expand` and `first` map it to and from the row
-    above (the full row, n tokens), in which attention runs and `source` is given."""
+    responses to it (the shared row, m tokens); `expand` maps the row above (the full row, n
+    tokens), in which `source` is given, to it. Attention runs on the shared row's queries: a
+    prompt's first sample takes the prompt and its response, each other sample its response
+    alone (`cu_seqlens_q`), and each attends to its prompt's and its own keys and values, which
+    `key_index` gathers into a row of its own (`cu_seqlens_k`; the samples in the same order)."""
     input_ids: torch.Tensor      # [1, m]
     position_ids: torch.Tensor   # [1, m]: a response's positions continue its prompt's
     source: torch.Tensor         # [n]: where full position j's prediction goes in the padded [b, L-1]
     #                               tensors, flattened (row x (L-1) + t); -1 for a sample's last token
     cu_seqlens: torch.Tensor     # [b + 1] int32: where each sample starts in the full row, and n
     max_length: int              # the longest sample
-    expand: torch.Tensor | None = None   # [n]: the shared position of each full position
-    first: torch.Tensor | None = None    # [m]: the full position of each shared one's first copy
+    expand: torch.Tensor | None = None          # [n]: the shared position of each full position
+    key_index: torch.Tensor | None = None       # [n]: the shared position of each key, sample by sample
+    cu_seqlens_q: torch.Tensor | None = None    # [b + 1] int32: each sample's queries in the shared row
+    cu_seqlens_k: torch.Tensor | None = None    # [b + 1] int32: each sample's keys in key_index
+    max_length_q: int = 0                       # the most queries of a sample
 
 
 @dataclass
@@ -320,6 +326,8 @@ def _pack(input_ids: torch.Tensor, attention: torch.Tensor, device: torch.device
         rows_by_prompt.setdefault(tuple(input_ids[row, :p].tolist()), []).append(row)
     expand = torch.empty(len(full), dtype=torch.long)
     shared: list[int] = []        # the full position of each shared one
+    key_index: list[torch.Tensor] = []
+    queries, keys = [0], [0]      # each sample's queries and keys, in the shared row's order
     for rows in rows_by_prompt.values():
         p, prompt = prompt_lengths[rows[0]], len(shared)
         shared.extend(range(int(cu_seqlens[rows[0]]), int(cu_seqlens[rows[0]]) + p))
@@ -328,6 +336,13 @@ def _pack(input_ids: torch.Tensor, attention: torch.Tensor, device: torch.device
             expand[start:start + p] = torch.arange(prompt, prompt + p)
             expand[start + p:end] = torch.arange(len(shared), len(shared) + end - start - p)
             shared.extend(range(start + p, end))
+            key_index.append(expand[start:end])
+            queries.append(len(shared))
+            keys.append(keys[-1] + end - start)
     first = torch.tensor(shared)
+    cu_q = torch.tensor(queries, dtype=torch.int32)
     return Packed(full[first].unsqueeze(0).to(device), positions[first].unsqueeze(0).to(device), source.to(device),
-                  cu_seqlens.to(device), max(lengths), expand.to(device), first.to(device))
+                  cu_seqlens.to(device), max(lengths), expand=expand.to(device),
+                  key_index=torch.cat(key_index).to(device), cu_seqlens_q=cu_q.to(device),
+                  cu_seqlens_k=torch.tensor(keys, dtype=torch.int32).to(device),
+                  max_length_q=int((cu_q[1:] - cu_q[:-1]).max()))
