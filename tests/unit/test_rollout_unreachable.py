@@ -65,3 +65,35 @@ def test_a_service_name_with_no_ready_pod_is_named_as_such():
     with pytest.raises(RuntimeError, match=rf"^no rollout server is ready at {where} after 0s: the rollout server "
                                            r"pods are not ready, or a server they call"):
         servers.addresses(wait_seconds=0)
+
+
+class OutOfMemoryThenBroken(pb_grpc.RolloutServicer):
+    """vLLM's wake-up on a GPU the trainer still held (H100, 12-07): out of memory once, then
+    "invalid argument" on every retry, its allocator left half-mapped."""
+    def __init__(self):
+        self.calls = 0
+
+    def Generate(self, request, context):
+        self.calls += 1
+        what = "out of memory at cumem_allocator.cpp:163" if self.calls == 1 else \
+            "invalid argument at cumem_allocator.cpp:169"
+        context.abort(grpc.StatusCode.INTERNAL, f"Exception: Call to wake_up method failed: CUDA Error: {what}")
+
+
+def test_a_shard_that_keeps_failing_names_the_first_error_beside_the_last(tmp_path):
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_RolloutServicer_to_server(OutOfMemoryThenBroken(), server)
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    server.start()
+    try:
+        dispatcher = RolloutDispatcher(RolloutServers(Discovery(address), "token"), weights=AtEveryVersion(),
+                                       layout=RunLayout(f"file://{tmp_path}/run"), storage=Storage(), timeout=5,
+                                       max_attempts=3)
+        with pytest.raises(RuntimeError) as err:
+            dispatcher.generate(1, "train", {"s0": b"prompts"}, pb.SamplingParams(n=2, max_tokens=2), version=0)
+    finally:
+        server.stop(grace=None)
+    wake = "Exception: Call to wake_up method failed: CUDA Error:"
+    assert str(err.value) == (f"rollout shard s0 failed 3 times; first error on {address}: {wake} out of memory at "
+                              f"cumem_allocator.cpp:163; last error on {address}: {wake} invalid argument at "
+                              f"cumem_allocator.cpp:169")

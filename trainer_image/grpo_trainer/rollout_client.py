@@ -73,6 +73,7 @@ class RolloutDispatcher:
         order = {name: k for k, name in enumerate(shards)}
         attempts = {name: 0 for name in shards}     # tries (they name the output file)
         failures = {name: 0 for name in shards}     # tries that a worker answered with a failure
+        first_failure: dict[str, str] = {}          # often the cause, where the retries' errors are its effects
         unreachable_since: dict[str, float] = {}
         done: dict[str, ShardResult] = {}
         while pending:
@@ -105,9 +106,12 @@ class RolloutDispatcher:
                         else:
                             unreachable_since.pop(name, None)
                             failures[name] += 1
+                            last = f"on {worker}: {detail}"
+                            first = first_failure.setdefault(name, last)
                             if failures[name] >= self.max_attempts:
+                                said = "" if first == last else f"first error {first}; "
                                 raise RuntimeError(f"rollout shard {name} failed {failures[name]} times; "
-                                                   f"last error on {worker}: {detail}") from exc
+                                                   f"{said}last error {last}") from exc
                         failed.append(name)
                         self.servers.clients.forget(worker)
             if any(name in unreachable_since for name in failed):
