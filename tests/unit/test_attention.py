@@ -1,7 +1,7 @@
 """VARLEN on a row of shared prompts (model.sharePrompts) against attention on each sample's own
 full sequence, in float64: the CPU path (`_per_sample`) that stands for flash attention's varlen
 kernel. The GPU's kernel is checked against the same reference by bench/h200_bench.py
-(`train --layouts shared`, the `attention_check` line)."""
+(`train --layouts shared`: its `shared-attention-vs-reference` number)."""
 
 import torch
 import torch.nn.functional as F
