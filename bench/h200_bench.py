@@ -305,10 +305,9 @@ def attention_check(mb, dev, heads: int = 16, kv_heads: int = 8, dim: int = 128)
     m = packed.input_ids.shape[1]
     gen = torch.Generator(device=dev).manual_seed(0)
     q, k, v = (torch.randn(1, h, m, dim, device=dev, generator=gen) for h in (heads, kv_heads, kv_heads))
-    kwargs = dict(scaling=dim ** -0.5, cu_seq_lens_q=packed.cu_seqlens_q, cu_seq_lens_k=packed.cu_seqlens_k,
-                  max_length_q=packed.max_length_q, max_length_k=packed.max_length, grpo_key_index=packed.key_index)
     with torch.no_grad():
-        got, _ = attention._attention(Layer(), *(t.bfloat16() for t in (q, k, v)), None, **kwargs)
+        got, _ = attention._attention(Layer(), *(t.bfloat16() for t in (q, k, v)), None, scaling=dim ** -0.5,
+                                      **attention.packed_kwargs(packed))
         expected = attention._per_sample(*(t[0].transpose(0, 1) for t in (q, k[:, :, packed.key_index],
                                                                           v[:, :, packed.key_index])),
                                          packed.cu_seqlens_q, packed.cu_seqlens_k, True, dim ** -0.5)

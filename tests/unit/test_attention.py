@@ -6,7 +6,7 @@ kernel. The GPU's kernel is checked against the same reference by bench/h200_ben
 import torch
 import torch.nn.functional as F
 
-from grpo_trainer.attention import _attention
+from grpo_trainer.attention import _attention, packed_kwargs
 from grpo_trainer.batch import Sample, collate
 
 
@@ -27,9 +27,7 @@ def test_shared_row_attention_is_each_samples_own_causal_attention():
     torch.manual_seed(0)
     heads, kv_heads, dim, m = 4, 2, 8, packed.input_ids.shape[1]
     q, k, v = (torch.randn(1, h, m, dim, dtype=torch.float64) for h in (heads, kv_heads, kv_heads))
-    out, _ = _attention(_Layer(), q, k, v, None, scaling=dim ** -0.5, cu_seq_lens_q=packed.cu_seqlens_q,
-                        cu_seq_lens_k=packed.cu_seqlens_k, max_length_q=packed.max_length_q,
-                        max_length_k=packed.max_length, grpo_key_index=packed.key_index)
+    out, _ = _attention(_Layer(), q, k, v, None, scaling=dim ** -0.5, **packed_kwargs(packed))
     assert out.shape == (1, m, heads, dim)
     # The reference: each sample's full sequence (its prompt's copy, then its response) alone; a
     # prompt's positions see the prompt only, so any sample of the group gives their output

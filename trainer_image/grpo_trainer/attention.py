@@ -128,13 +128,18 @@ def vision_attn_implementation(device: torch.device, dtype: torch.dtype) -> str 
 
 
 def varlen_kwargs(model, packed) -> dict:
-    """What a forward of `model` on a packed row (batch.Packed) passes down to VARLEN: the
-    samples' boundaries (int32 [samples + 1]) and the longest, a shared row's keys' too; nothing
-    for other attention implementations."""
+    """What a forward of `model` on a packed row (batch.Packed) passes down to VARLEN
+    (`packed_kwargs`); nothing for other attention implementations."""
     if getattr(model.config, "_attn_implementation", None) != VARLEN:
         if packed.key_index is not None:
             raise RuntimeError("a row of shared prompts needs the model built with model.sharePrompts")
         return {}
+    return packed_kwargs(packed)
+
+
+def packed_kwargs(packed) -> dict:
+    """VARLEN's keywords for a packed row: the samples' boundaries (int32 [samples + 1]) and the
+    longest, a shared row's keys' too."""
     if packed.key_index is None:
         return {"cu_seq_lens_q": packed.cu_seqlens, "cu_seq_lens_k": packed.cu_seqlens,
                 "max_length_q": packed.max_length, "max_length_k": packed.max_length}

@@ -57,7 +57,7 @@ class EngineSleep:
         trainer.paramOffload moved the policy off the GPU); none: all."""
         if self.enabled:
             _expandable_segments(False)
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
+            if _cuda_in_use():
                 torch.cuda.empty_cache()
             if dist.is_initialized() and dist.get_world_size() > 1:
                 dist.barrier()
@@ -83,15 +83,19 @@ class EngineSleep:
         return {f"timing_s/{what}": time.perf_counter() - started}
 
 
+def _cuda_in_use() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
 def _expandable_segments(enable: bool) -> None:
     """For the allocations that follow (segments already made keep their kind)."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if _cuda_in_use():
         torch._C._accelerator_setAllocatorSettings(f"expandable_segments:{enable}")
 
 
 def _gpu_memory_line() -> str:
     """Where a wake-up that ran out of memory should look: what this trainer process holds."""
-    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+    if not _cuda_in_use():
         return ""
     free, total = torch.cuda.mem_get_info()
     return (f" (this GPU: {free / 1e9:.1f} of {total / 1e9:.1f} GB free; the trainer holds "
