@@ -400,7 +400,7 @@ def cmd_train(args) -> None:
         ref_s, upd_s = median([r["ref_s"] for r in timed]), median([r["update_s"] for r in timed])
         mfu_flops = tokens * flops["fwd_per_token"] * 4          # ref fwd + policy fwd/bwd (3x)
         hfu_flops = tokens * flops["fwd_per_token"] * 5          # + the checkpointed recompute
-        emit(args, "train", max_tokens_per_gpu=max_tokens, head=head, layout=layout, lengths=args.lengths,
+        emit(args, "train", max_tokens_per_gpu=max_tokens, head=head, layout=layout, lengths=args.lengths, sets=args.set,
              packed_vs_padded_logp_max_diff=check, attention=model_attention(spec, dev),
              shared_attention_vs_reference_max_diff=attention_diff,
              model_tokens=sum((mb.packed or mb).input_ids.numel() for mb in mbs),   # padding included

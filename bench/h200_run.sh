@@ -231,7 +231,7 @@ for r in rows:
     b = r["bench"]
     if b == "train":
         print(f"train T={r['max_tokens_per_gpu']} {r.get('head', 'logits')} {r.get('layout', 'padded')} "
-              f"{r.get('lengths', 'fixed')} {r.get('attention', 'sdpa')} x{r['micro_batches']}: {r['train_s']:.2f}s "
+              f"{r.get('lengths', 'fixed')} {r.get('attention', 'sdpa')} {' '.join(r.get('sets', []))} x{r['micro_batches']}: {r['train_s']:.2f}s "
               f"(ref {r['ref_s']:.2f} upd {r['update_s']:.2f}) packed-vs-padded {r.get('packed_vs_padded_logp_max_diff')} "
               f"shared-attention-vs-reference {r.get('shared_attention_vs_reference_max_diff')} "
               f"{r['tokens_per_s']:.0f} tok/s MFU {r['mfu']:.3f} HFU {r['hfu']:.3f} peak {r['peak_tflops']:.0f}TF mem {r['max_mem_gb']}")
