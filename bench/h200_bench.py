@@ -314,6 +314,62 @@ def attention_check(mb, dev, heads: int = 16, kv_heads: int = 8, dim: int = 128)
     return float((got[0].float() - expected).abs().max())
 
 
+def cmd_attention(args) -> None:
+    """model.sharePrompts' attention on this device against the float32 reference, forward and
+    backward, on the first micro-batches of the workload's shared layout (fixed and skewed
+    lengths; no model needed, seconds): flash's varlen kernel in bf16 with fewer queries than
+    keys must align each sample's causal mask to its end. Relative errors ||got - ref|| / ||ref||
+    of the output and of dq, dk, dv (bf16 operands: 1e-3 to 1e-2), and the same for a mask
+    aligned to each sample's first query (the control: what a wrong alignment reads)."""
+    import torch
+
+    from grpo_trainer import attention, batch as batching
+    dev = device()
+    w = workload(args)
+    heads, kv_heads, dim, scale = 16, 8, 128, 128 ** -0.5
+
+    class Layer:
+        is_causal = True
+
+    def rel(a, b):
+        return float((a.detach().float() - b.detach().float()).norm() / b.detach().float().norm())
+
+    def misaligned(q, k, v, cu_q, cu_k):      # sdpa with the mask aligned to each sample's first query
+        outs = []
+        for (a, b), (c, d) in zip(zip(cu_q.tolist(), cu_q.tolist()[1:]), zip(cu_k.tolist(), cu_k.tolist()[1:])):
+            mask = torch.ones(b - a, d - c, dtype=torch.bool, device=q.device).tril()
+            outs.append(torch.nn.functional.scaled_dot_product_attention(
+                q[a:b].transpose(0, 1), k[c:d].transpose(0, 1), v[c:d].transpose(0, 1), attn_mask=mask,
+                scale=scale, enable_gqa=True))
+        return torch.cat(outs, dim=1).transpose(0, 1)
+
+    for lengths in ("fixed", "skewed"):
+        samples = synthetic_samples(w, 1000)
+        if lengths == "skewed":
+            samples = skewed_samples(w, 1000, sum(s.length for s in samples))
+        groups = batching.micro_batches(list(range(len(samples))), samples, packed=True, share_prompts=True,
+                                        max_count=len(samples), max_tokens=args.max_tokens[0])
+        for g in groups[:2]:
+            packed = batching.collate(g, samples, None, 0, dev, pack=True, share_prompts=True).packed
+            m, idx = packed.input_ids.shape[1], packed.key_index
+            gen = torch.Generator(device=dev).manual_seed(len(g))
+            q, k, v = (torch.randn(1, h, m, dim, device=dev, generator=gen) for h in (heads, kv_heads, kv_heads))
+            grad_out = torch.randn(1, m, heads, dim, device=dev, generator=gen)
+            q16, k16, v16 = (t.bfloat16().requires_grad_() for t in (q, k, v))
+            got, _ = attention._attention(Layer(), q16, k16, v16, None, scaling=scale, **attention.packed_kwargs(packed))
+            got.backward(grad_out.bfloat16())
+            q32, k32, v32 = (t.clone().requires_grad_() for t in (q, k, v))
+            as_rows = [t[0].transpose(0, 1) for t in (q32, k32[:, :, idx], v32[:, :, idx])]
+            ref = attention._per_sample(*as_rows, packed.cu_seqlens_q, packed.cu_seqlens_k, True, scale)
+            ref.backward(grad_out[0])
+            with torch.no_grad():
+                control = misaligned(*as_rows, packed.cu_seqlens_q, packed.cu_seqlens_k)
+            emit(args, "attention", lengths=lengths, micro_batch_samples=len(g), row_tokens=m,
+                 key_tokens=int(idx.numel()), out_rel=rel(got[0], ref), dq_rel=rel(q16.grad, q32.grad),
+                 dk_rel=rel(k16.grad, k32.grad), dv_rel=rel(v16.grad, v32.grad),
+                 control_out_rel=rel(control, ref), device=str(dev))
+
+
 def init_dist(dev) -> None:
     import socket
 
@@ -853,7 +909,7 @@ def main(argv=None) -> int:
         import faulthandler
         faulthandler.dump_traceback_later(int(os.environ["BENCH_DUMP_S"]), repeat=True)
     p = bench_parser(__doc__)
-    p.add_argument("command", choices=["build", "matmul", "train", "ref", "gen", "sync", "storage", "step", "trl"])
+    p.add_argument("command", choices=["build", "matmul", "attention", "train", "ref", "gen", "sync", "storage", "step", "trl"])
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--reps", type=int, default=1)

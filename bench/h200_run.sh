@@ -106,6 +106,9 @@ for phase in $PHASES; do
   extra=${!extra_var:-}
   case $phase in
     build)        run build 150 60 build $extra ;;
+    # Issue 47: model.sharePrompts' attention (flash, fewer queries than keys) against float32,
+    # forward and backward, on the workload's shared layout; no model, seconds.
+    attention)    run attention 90 20 attention $extra ;;
     train)        run train 200 60 train --max-tokens 16384,24576 --warmup 1 --steps 3 $extra ;;
     train-compile) run train-compile 200 100 train --compile --max-tokens 16384 --warmup 2 --steps 3 $extra ;;
     # Issue 47 item 4: the compiled reference forward per token budget of its own micro-batches
@@ -235,6 +238,10 @@ for r in rows:
               f"(ref {r['ref_s']:.2f} upd {r['update_s']:.2f}) packed-vs-padded {r.get('packed_vs_padded_logp_max_diff')} "
               f"shared-attention-vs-reference {r.get('shared_attention_vs_reference_max_diff')} "
               f"{r['tokens_per_s']:.0f} tok/s MFU {r['mfu']:.3f} HFU {r['hfu']:.3f} peak {r['peak_tflops']:.0f}TF mem {r['max_mem_gb']}")
+    elif b == "attention":
+        print(f"attention {r['lengths']} {r['micro_batch_samples']} samples, {r['row_tokens']} queries, {r['key_tokens']} keys: "
+              f"out {r['out_rel']:.2e} dq {r['dq_rel']:.2e} dk {r['dk_rel']:.2e} dv {r['dv_rel']:.2e} "
+              f"(control, mask aligned to the first query: {r['control_out_rel']:.2e})")
     elif b == "gen":
         print(f"gen {r['variant']} batch {r['batch']}: {r['sequences']}x{r['max_tokens']} median {r['median_s']:.2f}s "
               f"{r['tokens_per_s']:.0f} tok/s step {r['step_ms']:.1f}ms est 256x512 {r['est_workload_s']:.1f}s")

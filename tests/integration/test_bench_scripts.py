@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 # The phases that run on a CPU with the project's own dependencies (not trl or vllm; vllm-check
 # drives a real `grpo rollout` server with the hf engine there).
-PHASES = {"build": "build", "train": "train", "train-fused": "train", "train-skewed": "train", "gen": "gen",
+PHASES = {"build": "build", "attention": "attention", "train": "train", "train-fused": "train", "train-skewed": "train", "gen": "gen",
           "hf-check": "hf_engine", "sync": "sync", "storage": "storage", "step": "step",
           "vllm-check": "vllm_weight_update"}
 
@@ -41,6 +41,12 @@ def test_bench_phases_run_at_tiny_sizes_and_record_their_results(tmp_path):
     assert {("fused", "padded", "fixed"), ("logits", "padded", "fixed"), ("fused", "packed", "skewed")} <= set(train)
     skewed = train["fused", "packed", "skewed"]
     assert skewed["model_tokens"] == skewed["tokens"] < train["fused", "padded", "skewed"]["model_tokens"]
+    # sharePrompts' attention in bf16 (CPU: sdpa per sample) against float32, forward and backward:
+    # bf16 rounding, where a mask aligned to the first query reads ~1.
+    attention = [r for r in results if r["bench"] == "attention"]
+    assert {r["lengths"] for r in attention} == {"fixed", "skewed"}, attention
+    for r in attention:
+        assert max(r["out_rel"], r["dq_rel"], r["dk_rel"], r["dv_rel"]) < 2e-2 < 0.3 < r["control_out_rel"], r
     # On CPU in float32 the engine decodes greedily exactly as the plain reference loop does.
     (greedy,) = [r for r in results if r["bench"] == "hf_engine_greedy"]
     assert greedy["identical"] == greedy["rows"] > 0, greedy
