@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from ports import free_port
+
 
 # --- the suite on two workers (scripts/test.sh: pytest -n 2 --dist loadscope) ------------------
 
@@ -46,12 +48,6 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
     return ModuleScheduling(config, log)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- S3 (marker `s3`) -------------------------------------------------------------------------

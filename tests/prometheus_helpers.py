@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import urllib.parse
 import urllib.request
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from polling import wait_until
+from ports import free_port
 
 DASHBOARDS = Path(__file__).resolve().parents[1] / "charts" / "grpo-operator" / "dashboards"
 
@@ -33,12 +33,6 @@ def require_prometheus() -> str:
             pytest.fail(msg + " and GRPO_REQUIRE_PROMETHEUS=1")
         pytest.skip(msg)
     return exe
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def substitute(expr: str, variables: dict[str, str]) -> str:

@@ -52,10 +52,17 @@ LOOPBACK = "127.0.0.1"
 sandbox runs the model's code; the servers' token is in the run folder)."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
+def reserve_port(held: list[socket.socket]) -> int:
+    """A loopback port for one of the run's servers, held in `held` (bound, not listening) until
+    the run ends: no other process's bind(0) or outgoing connection is given it before the server
+    binds it, or while the server restarts on it (a port picked and let go was taken in between
+    once on a busy CI machine: "Failed to bind to address"). The servers bind with SO_REUSEADDR
+    (gRPC and http.server do), which Linux allows beside a bound socket that does not listen."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((LOOPBACK, 0))
+    held.append(sock)
+    return sock.getsockname()[1]
 
 
 def _with_launcher(env: dict[str, str]) -> dict[str, str]:
@@ -301,14 +308,15 @@ class LocalRun:
         self.rollout_env, self.trainer_env = _run_secrets(self.root)
         # colocated (issue 46): the trainer process runs its node's servers itself, beside the ranks
         self.colocated = job.spec.colocated
-        self.rollout_ports = [free_port() for _ in range(job.spec.servers_per_node if self.colocated else
+        self.held_ports: list[socket.socket] = []     # closed by stop_all
+        self.rollout_ports = [self._reserve_port() for _ in range(job.spec.servers_per_node if self.colocated else
                                                            job.spec.rollout.replicas)]
         # Before the rollout servers, which call them: reward models (issue 31), the python sandbox (issue 32).
         self.dependencies = [*self._reward_servers(), *self._sandbox_servers()]
         # Prometheus ports (--metrics): the trainer's, one per rollout server. Without it the trainer
         # serves none and each rollout server picks any free port (0), as before.
-        self.trainer_metrics_port = free_port() if metrics else None
-        self.rollout_metrics_ports = [free_port() if metrics else 0 for _ in self.rollout_ports]
+        self.trainer_metrics_port = self._reserve_port() if metrics else None
+        self.rollout_metrics_ports = [self._reserve_port() if metrics else 0 for _ in self.rollout_ports]
         grpo = grpo_command()
         client_args = [arg for name, ports in self.reward_ports.items()
                        for arg in ("--reward-model", f"{name}=" + ",".join(f"127.0.0.1:{p}" for p in ports))]
@@ -343,13 +351,16 @@ class LocalRun:
         if metrics:
             self._write_metrics_targets()
 
+    def _reserve_port(self) -> int:
+        return reserve_port(self.held_ports)
+
     def _reward_servers(self) -> list[tuple[Child, str]]:
         """`replicas` reward servers per spec.reward.rewardModels entry, on loopback with the run's
         token and certificate; the rollout servers reach them with the run's CA."""
         self.reward_ports: dict[str, list[int]] = {}
         servers = []
         for m in self.job.spec.reward.reward_models:
-            self.reward_ports[m.name] = [free_port() for _ in range(m.replicas)]
+            self.reward_ports[m.name] = [self._reserve_port() for _ in range(m.replicas)]
             servers += [(Child(f"reward-{m.name}-{r}", [*grpo_command(), "reward", "--spec", str(self.spec_path),
                                                         "--model", m.name, "--host", LOOPBACK, "--port", str(port),
                                                         "--metrics-port", "-1"],
@@ -361,7 +372,7 @@ class LocalRun:
     def _sandbox_servers(self) -> list[tuple[Child, str]]:
         """spec.rollout.multiTurn.python.replicas sandbox servers (`grpo sandbox`, the python tool's
         programs), on loopback with the run's token and certificate."""
-        self.sandbox_ports = [free_port() for _ in range(self.job.spec.rollout.multi_turn.sandbox_replicas(
+        self.sandbox_ports = [self._reserve_port() for _ in range(self.job.spec.rollout.multi_turn.sandbox_replicas(
             kubernetes=False))]
         servers = [(Child(f"sandbox-{r}", [*grpo_command(), "sandbox", "--spec", str(self.spec_path), "--host",
                                            LOOPBACK, "--port", str(port), "--metrics-port", "-1"],
@@ -481,6 +492,8 @@ class LocalRun:
             child.stop(wait=False)
         for child in servers:
             child.stop()
+        for sock in self.held_ports:
+            sock.close()
 
 
 def run_job(path: str, overrides: list[str], metrics: bool = False) -> int:

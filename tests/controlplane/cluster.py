@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -32,6 +31,8 @@ import urllib.request
 from pathlib import Path
 
 import yaml
+
+from ports import free_port
 
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_IP = "10.0.0.1"  # the first address of SERVICE_CIDR: the `kubernetes` Service
@@ -93,12 +94,6 @@ def default_bin_dir() -> Path:
 def missing_binaries(bin_dir: Path | None = None) -> list[str]:
     bin_dir = bin_dir or default_bin_dir()
     return [b for b in BINARIES if not os.access(bin_dir / b, os.X_OK)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 _libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the child should only make the call
@@ -222,7 +217,7 @@ class ControlPlane:
             self._preexec()
 
     def _start_etcd(self, deadline: float) -> None:
-        client, peer = _free_port(), _free_port()
+        client, peer = free_port(), free_port()
         self.etcd_url = f"http://{self.host}:{client}"
         self._spawn("etcd", [
             "--name=default", f"--data-dir={self.dir / 'etcd'}",
@@ -236,7 +231,7 @@ class ControlPlane:
         self._wait("etcd", f"{self.etcd_url}/health", deadline, lambda body: '"health":"true"' in body)
 
     def _start_apiserver(self, deadline: float) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         d = self.dir
         self._spawn("kube-apiserver", [
             f"--etcd-servers={self.etcd_url}",
@@ -271,7 +266,7 @@ class ControlPlane:
                                         for c in json.loads(body).get("status", {}).get("conditions") or []))
 
     def _start_controller_manager(self, deadline: float) -> None:
-        port = _free_port()
+        port = free_port()
         d = self.dir
         self._spawn("kube-controller-manager", [
             f"--kubeconfig={self.kubeconfig}",

@@ -26,6 +26,7 @@ from pathlib import Path
 import yaml
 
 from polling import wait_until  # noqa: F401 - the integration and fault tests import it from here
+from ports import free_port
 
 READY_PREFIX = "GRPO_ROLLOUT_READY "  # grpo_rollout.serve's ready line (the wire contract)
 REPO = Path(__file__).resolve().parents[2]
@@ -275,13 +276,6 @@ def alive(pid: int, start_time: int) -> bool:
     """The process `pid` started at `start_time` still runs (a reused pid does not count)."""
     st = _stat(pid)
     return st is not None and st[1] == start_time and st[2] != "Z"
-
-
-def free_port() -> int:
-    """A loopback port free now (the next bind may race another process: as `grpo run`'s)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def port_in_use(port: int) -> bool:

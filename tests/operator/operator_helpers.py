@@ -5,13 +5,13 @@ from __future__ import annotations
 import copy
 import json
 import secrets
-import socket
 import subprocess
 from typing import Any
 
 from grpo_api.jobfile import parse_job
 from grpo_api.spec import GRPOJob
 from polling import wait_until
+from ports import free_port
 
 GROUP, VERSION, PLURAL = "grpo.dev", "v1alpha1", "grpojobs"
 UID = "0b1c2d3e-0000-4000-8000-000000000001"
@@ -56,12 +56,6 @@ def kubectl(kubectl_bin, cp, *args, stdin: str | None = None, check=True):
 def eventually(check, timeout=30.0, interval=0.2, what="condition"):
     """Polls check() until it returns something truthy (polling.wait_until)."""
     return wait_until(check, timeout, interval, what)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for_garbage_collector(cp, kubectl_bin) -> None:
