@@ -4,8 +4,10 @@
 #   .whl/      wheels that bench/h200_run.sh installs with `pip install --no-index --no-deps
 #              --target /tmp/site .whl/*.whl` (packages the device image lacks or has too old).
 #   .vchunks/  vLLM 0.26.0 + its minimal dependencies as a trimmed site/, tar.xz, split into three
-#              parts p00 p01 p02 (one part per device call, each < 50 MB so that a call has room
-#              for the tree), unpacked there with `cat ~/vs/p0* | tar -xJ -C ~` (-> ~/site).
+#              parts p00 p01 p02, one part per device call, unpacked there with
+#              `cat ~/vs/p0* | tar -xJ -C ~` (-> ~/site). p00 (40 MB) fits one call beside .whl/
+#              (17 MB) and the tree (~8 MB): the first call installs the wheels and builds the model
+#              while bringing p00; p01 and p02 (< 50 MB each) leave a call room for the tree.
 # Recipe and the reasons for the choices: ../shared/notes/vllm-on-device.md and bench/RESULTS.md
 # ("H200: vLLM for real").
 #
@@ -65,6 +67,7 @@ VLLM_PINS=(
 # the Rust front end, Blackwell FMHA and DeepGEMM. 698 -> ~384 MiB unpacked.
 TRIM=(vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so vllm/vllm-rs vllm/third_party/fmha_sm100 vllm/third_party/deep_gemm)
 PARTS=3
+FIRST_PART_MB=40   # beside .whl/ and the tree within a call's 64 MiB carry
 PART_MAX_MB=50
 XZ_LEVEL=-6
 
@@ -207,7 +210,7 @@ so_check() {  # so_check SITE
 }
 
 build_vchunks() {
-  local key; key=$(key_of "${VLLM_PINS[@]}" "${TRIM[@]}" "$PARTS" "$XZ_LEVEL")
+  local key; key=$(key_of "${VLLM_PINS[@]}" "${TRIM[@]}" "$PARTS" "$FIRST_PART_MB" "$XZ_LEVEL")
   if [ -z "${FORCE:-}" ] && [ "$(cat .vchunks/KEY 2>/dev/null)" = "$key" ] \
      && (cd .vchunks && sha256sum --quiet -c SHA256SUMS >/dev/null 2>&1); then
     echo "== .vchunks: up to date (key $key)"; return
@@ -238,7 +241,10 @@ build_vchunks() {
   (cd "$vb" && XZ_OPT="$XZ_LEVEL -T2" nice tar --sort=name --owner=0 --group=0 --numeric-owner -cJf v.tar.xz site)
   xz -t "$vb/v.tar.xz"
   rm -rf .vchunks && mkdir -p .vchunks
-  split -n "$PARTS" -d "$vb/v.tar.xz" .vchunks/p
+  head -c $(( FIRST_PART_MB * 1000 * 1000 )) "$vb/v.tar.xz" > .vchunks/p00
+  tail -c +$(( FIRST_PART_MB * 1000 * 1000 + 1 )) "$vb/v.tar.xz" > "$vb/rest"
+  split -n $(( PARTS - 1 )) -d --numeric-suffixes=1 "$vb/rest" .vchunks/p
+  rm "$vb/rest"
   for f in .vchunks/p*; do
     if (( $(stat -c %s "$f") >= PART_MAX_MB * 1000 * 1000 )); then echo "$f is >= $PART_MAX_MB MB" >&2; exit 1; fi
   done
