@@ -386,6 +386,7 @@ def cmd_train(args) -> None:
     from transformers import AutoConfig
 
     from grpo_trainer import actor, batch as batching
+    from grpo_trainer.engine_sleep import expandable_segments
     from grpo_trainer.lora import wrapper
     from grpo_trainer.model import build_optimizer, build_policy, build_reference
     if set(args.heads) - {"fused", "logits"} or set(args.layouts) - {"padded", "packed", "shared"}:
@@ -436,6 +437,8 @@ def cmd_train(args) -> None:
             torch.cuda.reset_peak_memory_stats(dev)
         rows = []
         for step in range(steps):
+            if args.allocator == "sleep":
+                expandable_segments(True)
             sync(dev)
             t1 = time.perf_counter()
             ref_logp = dict(zip(map(id, mbs), actor.compute_logprobs(ref, mbs, spec_k.rollout.temperature)))
@@ -446,6 +449,12 @@ def cmd_train(args) -> None:
             t3 = time.perf_counter()
             rows.append({"ref_s": t2 - t1, "update_s": t3 - t2, "train_s": t3 - t1,
                          "kl_loss": result.metrics.get("actor/kl_loss"), "grad_norm": result.metrics.get("actor/grad_norm")})
+            if args.allocator and dev.type == "cuda":   # what the engines' wake would find taken
+                if args.allocator == "sleep":
+                    expandable_segments(False)
+                torch.cuda.empty_cache()
+                rows[-1].update(held_gb=torch.cuda.memory_reserved(dev) / 1e9,
+                                tensors_gb=torch.cuda.memory_allocated(dev) / 1e9)
             log(f"maxTokensPerGPU={max_tokens} {head} head {layout} step {step}: ref {t2 - t1:.2f}s "
                 f"update {t3 - t2:.2f}s "
                 f"kl {result.metrics.get('actor/kl_loss'):.3g} gn {result.metrics.get('actor/grad_norm'):.3g}")
@@ -457,6 +466,7 @@ def cmd_train(args) -> None:
         mfu_flops = tokens * flops["fwd_per_token"] * 4          # ref fwd + policy fwd/bwd (3x)
         hfu_flops = tokens * flops["fwd_per_token"] * 5          # + the checkpointed recompute
         emit(args, "train", max_tokens_per_gpu=max_tokens, head=head, layout=layout, lengths=args.lengths, sets=args.set,
+             allocator=args.allocator,
              packed_vs_padded_logp_max_diff=check, attention=model_attention(spec, dev),
              shared_attention_vs_reference_max_diff=attention_diff,
              model_tokens=sum((mb.packed or mb).input_ids.numel() for mb in mbs),   # padding included
@@ -926,6 +936,10 @@ def main(argv=None) -> int:
                    help="train: micro-batch layouts, padded and/or packed (model.useRemovePadding)")
     p.add_argument("--lengths", default="fixed", choices=["fixed", "skewed"],
                    help="train: every sample prompt_len + response_len, or skewed lengths (the same tokens)")
+    p.add_argument("--allocator", default=None, choices=["plain", "sleep"],
+                   help="train: after each step empty torch's cache and record what the process still holds "
+                        "(held_gb, tensors_gb), as before a colocated engine's wake; sleep: the step with "
+                        "expandable segments, as while the engines sleep (grpo_trainer.engine_sleep)")
     p.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="step: the rollout engine")
     p.add_argument("--weight-sync", default="nccl", choices=["nccl", "grpc"],
                    help="step: spec.weightSync.backend (nccl: cuda_ipc when co-located)")

@@ -122,6 +122,12 @@ for phase in $PHASES; do
     # the trainer runs; the check line is the log-prob difference of each layout against padded rows.
     train-shared) run train-shared 300 120 train --compile --max-tokens 16384 --layouts packed,shared \
                     --warmup 1 --steps 2 $extra ;;
+    # Issue 47: what the trainer still holds after empty_cache, where a colocated engine's wake
+    # needs it back: the shared layout without checkpointing (held 20 GB more than packed rows in
+    # the 12-07 colocated step) with plain segments, then with engine_sleep's expandable segments.
+    train-allocator) for a in plain sleep; do run train-allocator-$a 150 60 train --compile --max-tokens 16384 \
+                    --layouts shared --warmup 1 --steps 2 --allocator $a \
+                    --set spec.model.gradientCheckpointing=false $extra; done ;;
     train-skewed) run train-skewed 150 60 train --lengths skewed --max-tokens 16384 --layouts padded,packed \
                     --warmup 1 --steps 2 $extra ;;
     gen-baseline) run gen-baseline 90 40 gen --variant baseline --prompts 8 --gen-tokens 128 $extra ;;
@@ -238,6 +244,9 @@ for r in rows:
               f"(ref {r['ref_s']:.2f} upd {r['update_s']:.2f}) packed-vs-padded {r.get('packed_vs_padded_logp_max_diff')} "
               f"shared-attention-vs-reference {r.get('shared_attention_vs_reference_max_diff')} "
               f"{r['tokens_per_s']:.0f} tok/s MFU {r['mfu']:.3f} HFU {r['hfu']:.3f} peak {r['peak_tflops']:.0f}TF mem {r['max_mem_gb']}")
+        if r.get("allocator"):
+            print(f"  allocator {r['allocator']}: held after empty_cache, per step: "
+                  + ", ".join(f"{s.get('held_gb', 0):.1f} GB ({s.get('tensors_gb', 0):.1f} in tensors)" for s in r["steps"]))
     elif b == "attention":
         print(f"attention {r['lengths']} {r['micro_batch_samples']} samples, {r['row_tokens']} queries, {r['key_tokens']} keys: "
               f"out {r['out_rel']:.2e} dq {r['dq_rel']:.2e} dk {r['dk_rel']:.2e} dv {r['dv_rel']:.2e} "

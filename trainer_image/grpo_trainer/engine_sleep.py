@@ -46,7 +46,7 @@ class EngineSleep:
     def sleep(self) -> dict[str, float]:
         timings = self._all("sleep", lambda stub: stub.Sleep(pb.SleepRequest(level=SLEEP_LEVEL), timeout=TIMEOUT_SECONDS))
         if self.enabled:
-            _expandable_segments(True)
+            expandable_segments(True)
         return timings
 
     def wake(self, parts: tuple[str, ...] = ()) -> dict[str, float]:
@@ -56,7 +56,7 @@ class EngineSleep:
         ("weights" before a weight sync; the KV cache then wakes with the next Generate, once
         trainer.paramOffload moved the policy off the GPU); none: all."""
         if self.enabled:
-            _expandable_segments(False)
+            expandable_segments(False)
             if _cuda_in_use():
                 torch.cuda.empty_cache()
             if dist.is_initialized() and dist.get_world_size() > 1:
@@ -87,8 +87,9 @@ def _cuda_in_use() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
-def _expandable_segments(enable: bool) -> None:
-    """For the allocations that follow (segments already made keep their kind)."""
+def expandable_segments(enable: bool) -> None:
+    """For the allocations that follow (segments already made keep their kind). Also
+    bench/h200_bench.py train --allocator sleep's."""
     if _cuda_in_use():
         torch._C._accelerator_setAllocatorSettings(f"expandable_segments:{enable}")
 
