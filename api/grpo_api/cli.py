@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from importlib.metadata import entry_points
+from typing import NoReturn
 
 from grpo_api import __version__
 from grpo_api.contracts import BAD_INPUT_EXIT_CODE, DIE_WITH_PARENT_ENV
@@ -24,6 +25,20 @@ def _summary(entry_point) -> str:
     except ImportError:  # a package whose extra isn't installed (e.g. the operator without kopf)
         return "(not installed)"
     return " ".join((fn.__doc__ or "").strip().split("\n\n")[0].split())
+
+
+def exit_without_teardown(code: int = 0) -> NoReturn:
+    """Exit as `sys.exit` would (the atexit handlers: a lease, a log mirror's last copy, trackers'
+    hooks; logging flushed), but without the interpreter's teardown: no waiting on threads still
+    blocked in a call, and no static destructors, where gloo's or Arrow's threads sometimes abort
+    a process whose work is done (SIGABRT, "terminate called without an active exception")."""
+    import atexit
+    import logging
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _die_with_launcher() -> None:

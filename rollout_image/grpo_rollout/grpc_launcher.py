@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_api.cli import exit_without_teardown
 from grpo_api.contracts import BAD_INPUT_EXIT_CODE
 
 
@@ -171,9 +172,4 @@ def _abandon_running_threads(log: logging.Logger, wait: float = 2.0) -> None:
     for thread in stuck:
         where = "".join(traceback.format_stack(frames[thread.ident])[-3:]) if thread.ident in frames else "?"
         log.warning("stopped with thread %s still running; abandoned at:\n%s", thread.name, where)
-    import atexit
-    atexit._run_exitfuncs()      # what exit would run (the log mirror's last copy), not the thread joins
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown(0)     # the log mirror's last copy still made, not the thread joins

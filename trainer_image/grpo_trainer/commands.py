@@ -15,8 +15,8 @@ import logging
 import os
 import signal
 import sys
-from typing import NoReturn
 
+from grpo_api.cli import exit_without_teardown
 from grpo_api.contracts import BAD_INPUT_EXIT_CODE, ROLLOUT_ADDRESSES_ENV, STOPPED_EXIT_CODE
 
 TERMINATION_LOG_ENV = "GRPO_TERMINATION_LOG"
@@ -122,22 +122,10 @@ def trainer(argv: list[str]) -> int:
             _leave(code)
     finally:
         dist.destroy_process_group()
-    _finished()
-
-
-def _finished() -> NoReturn:
-    """A finished rank's exit: what exit runs (atexit: the lease, the trackers' hooks), then at
-    once, without the interpreter's teardown, where gloo's or Arrow's threads sometimes abort the
-    process (SIGABRT, "terminate called without an active exception"): CI saw a 2-rank trainer's
-    rank exit -6 after its run had finished and been exported, which fails a job that succeeded.
-    The rollout servers leave the same way (grpo_rollout.grpc_launcher). The trainer's own threads
-    are joined by then, or daemons (the lease's, the rollout prefetch)."""
-    import atexit
-    atexit._run_exitfuncs()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    # Done: leave without the interpreter's teardown, where gloo's or Arrow's threads sometimes
+    # aborted a rank after its run had finished and been exported (CI: exit -6, which fails a job
+    # that succeeded). The trainer's own threads are joined by now, or daemons.
+    exit_without_teardown(0)
 
 
 def _leave(code: int) -> None:
