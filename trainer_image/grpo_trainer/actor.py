@@ -203,13 +203,18 @@ class Actor:
         trainer.criticWarmup only the critic's. `off_policy`: the samples may come from an older
         policy, so the ratio is taken against the engine's log-probs."""
         trainer = self.spec.trainer
+        start = time.perf_counter()
         minibatches = self._micro_batches(samples, trainer.micro_batch_size_per_gpu, trainer.max_tokens_per_gpu)
-        timings: dict[str, float] = {}
+        timings: dict[str, float] = {"timing_s/collate": time.perf_counter() - start}
         old_logp, ref_logp = self._logprobs(samples, minibatches, off_policy, timings)
+        start = time.perf_counter()
         rewards, mask = batching.token_rewards(samples)
         rewards, metrics = self._kl_in_reward(samples, minibatches, rewards, mask, old_logp, ref_logp)
         metrics |= self._correct_for_the_rollout(minibatches, old_logp)
         advantages = self._advantages(samples, minibatches, rewards, mask, timings)
+        # verl's timing_s/adv: the token rewards (KL penalty), rollout correction and advantages;
+        # the critic's forward has its own timing_s/values
+        timings["timing_s/adv"] = time.perf_counter() - start - timings.get("timing_s/values", 0.0)
         adv = torch.cat(advantages)
         metrics |= {"critic/advantages/mean": float(adv.mean()),
                     "critic/advantages/std": float(adv.std()) if len(adv) > 1 else 0.0}

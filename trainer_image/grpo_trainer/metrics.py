@@ -36,8 +36,8 @@ PROMETHEUS_KEYS = (
     "actor/ppo_kl", "actor/grad_norm", "actor/lr",
     "response_length/mean", "response_length/max", "response_length/clip_ratio",
     "perf/throughput", "perf/mfu", "val/score",
-    "timing_s/rollout", "timing_s/reward", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor",
-    "timing_s/weight_sync", "timing_s/checkpoint", "timing_s/step",
+    "timing_s/rollout", "timing_s/reward", "timing_s/old_log_prob", "timing_s/ref", "timing_s/adv",
+    "timing_s/update_actor", "timing_s/weight_sync", "timing_s/checkpoint", "timing_s/step",
     "rollout/staleness", "timing_s/generate_overlapped",
     # the reward function's failures by kind (grpo_api.records.REWARD_ERROR_KINDS): something to alert on
     "reward/errors/exception", "reward/errors/timeout", "reward/errors/invalid", "reward/errors/crash",
