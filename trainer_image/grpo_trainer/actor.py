@@ -245,7 +245,8 @@ class Actor:
         passes += self.uses_reference + (timings["timing_s/old_log_prob"] > 0)
         result.metrics = {**metrics, **result.metrics}
         result.flops = flops + 2 * self.n_params * tokens * passes
-        result.train_seconds = sum(timings.values())
+        # perf/mfu's time: the forward and backward passes, not the collation or the advantages
+        result.train_seconds = sum(v for k, v in timings.items() if k not in ("timing_s/collate", "timing_s/adv"))
         result.timings = timings
         return result
 

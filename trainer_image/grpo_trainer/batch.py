@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import torch
 
@@ -42,7 +43,7 @@ class Sample:
         """[len(response_ids)]: which response tokens the losses, the KL and the entropy see."""
         if self.loss_mask is None:
             return torch.ones(len(self.response_ids))
-        return torch.tensor(self.loss_mask, dtype=torch.float32)
+        return as_tensor(self.loss_mask, np.float32)
 
     @property
     def last_model_token(self) -> int:
@@ -50,6 +51,12 @@ class Sample:
         if self.loss_mask is None:
             return len(self.response_ids) - 1
         return max((i for i, m in enumerate(self.loss_mask) if m), default=len(self.response_ids) - 1)
+
+
+def as_tensor(values: list, dtype) -> torch.Tensor:
+    """A CPU tensor from a list of numbers, through numpy: ~7x faster than torch.tensor on the
+    step's ~0.5 M token ids and log-probs, which it collates each step (issue 47)."""
+    return torch.from_numpy(np.asarray(values, dtype=dtype))
 
 
 def samples_from_table(table: pa.Table, read_image=None) -> list[Sample]:
@@ -289,14 +296,14 @@ def collate(indices: list[int], samples: list[Sample], advantages: list[torch.Te
         if s.behaviour_logprobs is not None and len(s.behaviour_logprobs) != r:
             raise ValueError(f"sample {s.uid}/{s.sample_index}: {len(s.behaviour_logprobs)} behaviour logprobs "
                              f"for {r} response tokens")
-        input_ids[row, :p + r] = torch.tensor(s.prompt_ids + s.response_ids)
+        input_ids[row, :p + r] = as_tensor(s.prompt_ids + s.response_ids, np.int64)
         attention[row, :p + r] = 1
         resp_mask[row, p - 1:p - 1 + r] = s.mask()
         span[row, p - 1:p - 1 + r] = True
         if advantages is not None:
             adv[row, p - 1:p - 1 + r] = advantages[i]
         if behaviour is not None:
-            behaviour[row, p - 1:p - 1 + r] = torch.tensor(s.behaviour_logprobs)
+            behaviour[row, p - 1:p - 1 + r] = as_tensor(s.behaviour_logprobs, np.float32)
     start = min(len(samples[i].prompt_ids) for i in indices) - 1
     return MicroBatch(indices, input_ids.to(device), attention.to(device), input_ids[:, 1:].to(device),
                       resp_mask.to(device), adv.to(device), behaviour.to(device) if behaviour is not None else None,
@@ -339,7 +346,7 @@ def _pack(input_ids: torch.Tensor, attention: torch.Tensor, device: torch.device
             key_index.append(expand[start:end])
             queries.append(len(shared))
             keys.append(keys[-1] + end - start)
-    first = torch.tensor(shared)
+    first = as_tensor(shared, np.int64)
     cu_q = torch.tensor(queries, dtype=torch.int32)
     return Packed(full[first].unsqueeze(0).to(device), positions[first].unsqueeze(0).to(device), source.to(device),
                   cu_seqlens.to(device), max(lengths), expand=expand.to(device),
