@@ -16,7 +16,8 @@ PLOTS = (
     ("response_length.png", "Response length", ["response_length/mean", "response_length/max"]),
     ("throughput.png", "Throughput (tokens/s per trainer process)", ["perf/throughput"]),
     ("timing.png", "Seconds per phase", ["timing_s/rollout", "timing_s/ref", "timing_s/old_log_prob",
-                                         "timing_s/adv", "timing_s/update_actor", "timing_s/weight_sync", "timing_s/checkpoint"]),
+                                         "timing_s/adv", "timing_s/update_actor", "timing_s/weight_sync",
+                                         "timing_s/checkpoint"]),
     # PPO (algorithm.advEstimator gae): the critic
     ("critic_loss.png", "Critic: value loss", ["critic/vf_loss"]),
     ("critic_fit.png", "Critic: explained variance and clipped fraction", ["critic/vf_explained_var",
