@@ -54,22 +54,27 @@ class EngineSleep:
         back to its GPU, where a server takes it back (else vLLM's wake-up could run out of
         memory that the trainer holds but doesn't use). `parts`: vLLM's memory tags to take back
         ("weights" before a weight sync; the KV cache then wakes with the next Generate, once
-        trainer.paramOffload moved the policy off the GPU); none: all."""
+        trainer.paramOffload moved the policy off the GPU); none: all. timing_s/wake includes
+        handing the cache back (empty_cache waits for the update's last kernels, then frees its
+        segments)."""
+        started = time.perf_counter()
         if self.enabled:
             expandable_segments(False)
             if _cuda_in_use():
                 torch.cuda.empty_cache()
             if dist.is_initialized() and dist.get_world_size() > 1:
                 dist.barrier()
-        return self._all("wake", lambda stub: stub.WakeUp(pb.WakeUpRequest(parts=parts), timeout=TIMEOUT_SECONDS))
+        return self._all("wake", lambda stub: stub.WakeUp(pb.WakeUpRequest(parts=parts), timeout=TIMEOUT_SECONDS),
+                         started=started)
 
-    def _all(self, what: str, call) -> dict[str, float]:
-        """`call` on every server at once; the step's wall time of the transition. A server that
-        fails to answer is logged, not fatal: a Generate or a weight sync wakes it anyway, and one
-        that is gone is the pod's failure (grpo_trainer.colocate)."""
+    def _all(self, what: str, call, *, started: float | None = None) -> dict[str, float]:
+        """`call` on every server at once; the step's wall time of the transition (from `started`,
+        else from now). A server that fails to answer is logged, not fatal: a Generate or a weight
+        sync wakes it anyway, and one that is gone is the pod's failure (grpo_trainer.colocate)."""
         if not self.enabled:
             return {}
-        started = time.perf_counter()
+        if started is None:
+            started = time.perf_counter()
         if self.servers is not None:
             addresses = self.servers.addresses()
             with ThreadPoolExecutor(max_workers=max(len(addresses), 1)) as pool:
