@@ -205,7 +205,9 @@ class Actor:
         trainer = self.spec.trainer
         start = time.perf_counter()
         minibatches = self._micro_batches(samples, trainer.micro_batch_size_per_gpu, trainer.max_tokens_per_gpu)
-        timings: dict[str, float] = {"timing_s/collate": time.perf_counter() - start}
+        # the forward and backward passes' times (perf/mfu's), and the rest of the update's
+        timings: dict[str, float] = {}
+        other = {"timing_s/collate": time.perf_counter() - start}
         old_logp, ref_logp = self._logprobs(samples, minibatches, off_policy, timings)
         start = time.perf_counter()
         rewards, mask = batching.token_rewards(samples)
@@ -214,7 +216,7 @@ class Actor:
         advantages = self._advantages(samples, minibatches, rewards, mask, timings)
         # verl's timing_s/adv: the token rewards (KL penalty), rollout correction and advantages;
         # the critic's forward has its own timing_s/values
-        timings["timing_s/adv"] = time.perf_counter() - start - timings.get("timing_s/values", 0.0)
+        other["timing_s/adv"] = time.perf_counter() - start - timings.get("timing_s/values", 0.0)
         adv = torch.cat(advantages)
         metrics |= {"critic/advantages/mean": float(adv.mean()),
                     "critic/advantages/std": float(adv.std()) if len(adv) > 1 else 0.0}
@@ -245,9 +247,8 @@ class Actor:
         passes += self.uses_reference + (timings["timing_s/old_log_prob"] > 0)
         result.metrics = {**metrics, **result.metrics}
         result.flops = flops + 2 * self.n_params * tokens * passes
-        # perf/mfu's time: the forward and backward passes, not the collation or the advantages
-        result.train_seconds = sum(v for k, v in timings.items() if k not in ("timing_s/collate", "timing_s/adv"))
-        result.timings = timings
+        result.train_seconds = sum(timings.values())
+        result.timings = timings | other
         return result
 
     def _correct_for_the_rollout(self, minibatches, old_logp: dict) -> dict[str, float]:
