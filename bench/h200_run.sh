@@ -9,14 +9,17 @@
 #   TINY=1 bash bench/h200_run.sh              # CPU check at tiny sizes
 #
 # Env: OUT (default /tmp/grpo-bench-out), DEADLINE_S (default 570), BENCH_ARGS_<phase>,
-# VLLM_SITE (a folder holding vLLM 0.26 and its small dependencies, bench/RESULTS.md says how it
+# TRAINER_TREE (see below), VLLM_SITE (a folder holding vLLM 0.26 and its small dependencies, bench/RESULTS.md says how it
 # is carried; put first on PYTHONPATH when it exists).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/grpo-bench-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-export PYTHONPATH="$PWD/api:$PWD/trainer_image:$PWD/rollout_image:$PWD/operator${PYTHONPATH:+:$PYTHONPATH}"
+# TRAINER_TREE: another trainer_image (an earlier commit's, carried in the git-ignored .ab/) for an
+# A/B of trainer code on the same machine: `git archive REV trainer_image | tar -x -C .ab/base`.
+TRAINER_TREE=${TRAINER_TREE:-$PWD/trainer_image}
+export PYTHONPATH="$PWD/api:$TRAINER_TREE:$PWD/rollout_image:$PWD/operator${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PY:-python3}
 START=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-570}

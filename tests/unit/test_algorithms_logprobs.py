@@ -221,5 +221,10 @@ def test_fused_lm_head_module_is_the_linear_layer_until_asked_for_logprobs():
     assert out.shape == (2, 6, 2) and (out[~select] == 0).all()
     torch.testing.assert_close(out[select][:, 0], plain_logprobs(logits[select] / 0.5, labels), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out[select][:, 1], plain_entropy(logits[select] / 0.5), rtol=1e-5, atol=1e-5)
+    every = torch.randint(0, 50, (12,))     # no selection: every position, in order
+    with model.lm_head.request(None, every, 0.5):
+        out = model(input_ids=ids).logits
+    assert out.shape == (2, 6, 1)
+    torch.testing.assert_close(out.flatten(), plain_logprobs(logits.flatten(0, 1) / 0.5, every), rtol=1e-5, atol=1e-5)
     model.lm_head = torch.nn.Linear(16, 50, bias=True)
     assert not install_fused_head(model) and fused_head(model) is None

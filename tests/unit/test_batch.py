@@ -82,6 +82,10 @@ def test_packed_collate_is_one_row_with_positions_from_0_and_a_map_back():
     assert plain.packed is None and torch.equal(mb.response_mask, plain.response_mask)
     assert torch.equal(mb.targets.flatten()[mb.packed.source[mb.packed.source >= 0]],
                        mb.packed.input_ids[0, 1:][mb.packed.source[:-1] >= 0])
+    # the positions that predict a response token (12, 21, 22 of a; 13 of b) and where each lands
+    assert mb.packed.scored.tolist() == [1, 2, 3, 7] and mb.packed.scored_dest.tolist() == [1, 2, 3, 6]
+    assert mb.targets.flatten()[mb.packed.scored_dest].tolist() == [21, 22, 23, 24]
+    assert mb.num_tokens == 9
 
 
 def test_shared_prompt_micro_batches_keep_a_prompts_responses_together_and_count_it_once():
@@ -122,6 +126,12 @@ def test_shared_prompt_collate_is_each_prompt_once_with_maps_to_the_full_row():
     assert packed.cu_seqlens_k.tolist() == [0, 5, 8, 11]
     assert packed.input_ids[0, packed.key_index].tolist() == [11, 12, 21, 22, 23, 11, 12, 26, 13, 24, 25]
     assert packed.source.tolist() == collate([0, 1, 2], [a, b, c], None, 0, torch.device("cpu"), pack=True).packed.source.tolist()
+    # the positions of the model's row that predict a response token: a's 12 21 22, b's 13 24,
+    # and c's first token from the shared prompt's last position (the same 12 as a's)
+    assert packed.scored.tolist() == [1, 2, 3, 6, 7, 1]
+    assert packed.input_ids[0, packed.scored].tolist() == [12, 21, 22, 13, 24, 12]
+    assert mb.targets.flatten()[packed.scored_dest].tolist() == [21, 22, 23, 24, 25, 26]
+    assert mb.num_tokens == 11
 
 
 def test_collate_aligns_behaviour_logprobs_with_the_response_positions():

@@ -81,19 +81,14 @@ def _packed_logprobs(model, mb: MicroBatch, temperature: float, with_entropy: bo
     head sees only the positions that predict a response token, whose results go back into the
     padded [b, L-1] layout of the losses."""
     packed, (b, width) = mb.packed, mb.targets.shape
-    valid = packed.source >= 0
-    scored = torch.zeros_like(valid)
-    scored[valid] = mb.predicts_response.flatten()[packed.source[valid]]
-    where = scored.nonzero().squeeze(1)
-    dest, labels = packed.source[where], mb.targets.flatten()[packed.source[where]]
-    if packed.expand is not None:    # shared prompts: the predicting positions in the model's row
-        where = packed.expand[where]  # (a prompt's last one predicts each of its responses' first token)
+    where, dest = packed.scored, packed.scored_dest
+    labels = mb.targets.flatten()[dest]
     inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False, logits_to_keep=where,
                   **varlen_kwargs(model, packed))
     head = fused_head(model)
     entropy = None
     if head is not None:
-        with head.request(torch.ones(1, len(where), dtype=torch.bool, device=where.device), labels, temperature,
+        with head.request(None, labels, temperature,     # the model's outputs are only the scored positions
                           with_entropy=with_entropy, entropy_grad=entropy_grad and torch.is_grad_enabled()):
             out = model(**inputs).logits[0]
         logp, entropy = out[:, 0], out[:, 1] if with_entropy else None
@@ -419,7 +414,9 @@ def update_policy(model, optimizer, scheduler, spec: GRPOJobSpec, minibatches: l
     (the current logprobs, detached: ratio 1)."""
     algo, temperature = spec.algorithm, spec.rollout.temperature
     scale = algo.loss_scale_factor or spec.data.max_response_length
-    sums: dict[str, float] = defaultdict(float)
+    # Summed as tensors on the device and read once at the end: reading one (.item()) between a
+    # forward and its backward would leave the GPU idle while the host launches the backward.
+    sums: dict[str, torch.Tensor | float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
     tokens = 0
     model.train()
@@ -437,19 +434,19 @@ def update_policy(model, optimizer, scheduler, spec: GRPOJobSpec, minibatches: l
                     clip_ratio_c=algo.clip_ratio_c, loss_agg_mode=algo.loss_agg_mode, normalizer=norm,
                     weights=mb.is_weights, config=algo.policy_loss_config)
                 loss = pg_loss
-                sums["actor/pg_loss"] += pg_loss.item() / world
+                sums["actor/pg_loss"] += _summand(pg_loss) / world
                 if algo.use_kl_loss and ref_logp is not None:
                     kl_loss = norm(kl_penalty(logp, ref_logp[id(mb)], algo.kl_loss_type), mb.response_mask)
                     loss = loss + algo.kl_loss_coef * kl_loss
-                    sums["actor/kl_loss"] += kl_loss.item() / world
+                    sums["actor/kl_loss"] += _summand(kl_loss) / world
                 ent_loss = norm(entropy, mb.response_mask)
-                sums["actor/entropy"] += ent_loss.item() / world
+                sums["actor/entropy"] += _summand(ent_loss) / world
                 if algo.entropy_coeff != 0:
                     loss = loss - algo.entropy_coeff * ent_loss
                 loss.backward()
                 tokens += mb.num_tokens
                 for k, v in pg_metrics.items():
-                    sums[f"actor/{k}"] += float(v)
+                    sums[f"actor/{k}"] += _summand(v)
                     counts[f"actor/{k}"] += 1
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), spec.trainer.grad_clip)
             grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
@@ -459,6 +456,7 @@ def update_policy(model, optimizer, scheduler, spec: GRPOJobSpec, minibatches: l
             sums["actor/grad_norm"] += grad_norm
             counts["actor/grad_norm"] += 1
     num_updates = spec.trainer.ppo_epochs * len(minibatches)
+    sums = _read(sums)
     metrics = {k: v / counts[k] if counts[k] else v / num_updates for k, v in sums.items()}
     # Losses are per-rank partial sums: add them up over ranks.
     for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy"):
@@ -467,6 +465,17 @@ def update_policy(model, optimizer, scheduler, spec: GRPOJobSpec, minibatches: l
     metrics["actor/lr"] = scheduler.get_last_lr()[0]
     scheduler.step()
     return UpdateResult(metrics, tokens)
+
+
+def _summand(value: torch.Tensor | float) -> torch.Tensor | float:
+    return value.detach().to(torch.float64) if isinstance(value, torch.Tensor) else float(value)
+
+
+def _read(sums: dict[str, torch.Tensor | float]) -> dict[str, float]:
+    """The sums as floats, the device's in one transfer."""
+    on_device = [k for k, v in sums.items() if isinstance(v, torch.Tensor)]
+    values = torch.stack([sums[k].reshape(()) for k in on_device]).tolist() if on_device else []
+    return {k: float(v) for k, v in sums.items()} | dict(zip(on_device, values))
 
 
 def all_reduce_sum(value: float, device: torch.device) -> float:

@@ -215,6 +215,11 @@ class Packed:
     cu_seqlens_q: torch.Tensor | None = None    # [b + 1] int32: each sample's queries in the shared row
     cu_seqlens_k: torch.Tensor | None = None    # [b + 1] int32: each sample's keys in key_index
     max_length_q: int = 0                       # the most queries of a sample
+    # The model row's positions that predict a response token, and where each prediction goes in
+    # the padded [b, L-1] tensors (flattened): computed on the host while collating, so that the
+    # forward passes index with them without waiting for the GPU.
+    scored: torch.Tensor | None = None          # [k] positions in the model's row
+    scored_dest: torch.Tensor | None = None     # [k] row x (L-1) + t
 
 
 @dataclass
@@ -233,10 +238,7 @@ class MicroBatch:
     is_weights: torch.Tensor | None = None   # [b, L-1], rollout correction's importance weights
     packed: Packed | None = None  # the model's input without padding; its outputs go back to [b, L-1]
     pixels: object | None = None  # vision.PixelInputs: a VL model's images of these rows, in row order
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.attention_mask.sum())
+    num_tokens: int = field(kw_only=True)   # the rows' tokens, counted on the host
 
 
 def response_span(mb: MicroBatch, row: int, samples: list[Sample]) -> slice:
@@ -308,12 +310,12 @@ def collate(indices: list[int], samples: list[Sample], advantages: list[torch.Te
     return MicroBatch(indices, input_ids.to(device), attention.to(device), input_ids[:, 1:].to(device),
                       resp_mask.to(device), adv.to(device), behaviour.to(device) if behaviour is not None else None,
                       response_start=start,
-                      predicts_response=span.to(device),
-                      packed=_pack(input_ids, attention, device, [len(samples[i].prompt_ids) for i in indices]
+                      predicts_response=span.to(device), num_tokens=int(attention.sum()),
+                      packed=_pack(input_ids, attention, span, device, [len(samples[i].prompt_ids) for i in indices]
                                    if share_prompts else None) if pack or share_prompts else None)
 
 
-def _pack(input_ids: torch.Tensor, attention: torch.Tensor, device: torch.device,
+def _pack(input_ids: torch.Tensor, attention: torch.Tensor, predicts_response: torch.Tensor, device: torch.device,
           prompt_lengths: list[int] | None = None) -> Packed:
     lengths = attention.sum(dim=1).tolist()
     width = input_ids.shape[1]
@@ -323,9 +325,14 @@ def _pack(input_ids: torch.Tensor, attention: torch.Tensor, device: torch.device
     source = torch.where(positions < torch.tensor(lengths)[rows] - 1, rows * (width - 1) + positions, -1)
     cu_seqlens = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
     full = input_ids[keep]
+    valid = source >= 0
+    scored = torch.zeros_like(valid)
+    scored[valid] = predicts_response.flatten()[source[valid]]
+    scored = scored.nonzero().squeeze(1)
+    scored_dest = source[scored].to(device)
     if prompt_lengths is None:
         return Packed(full.unsqueeze(0).to(device), positions.unsqueeze(0).to(device), source.to(device),
-                      cu_seqlens.to(device), max(lengths))
+                      cu_seqlens.to(device), max(lengths), scored=scored.to(device), scored_dest=scored_dest)
     # The shared row: each distinct prompt once (its first row's copy), then the responses to it;
     # each full position maps to its token's one copy there.
     rows_by_prompt: dict[tuple[int, ...], list[int]] = {}
@@ -352,4 +359,6 @@ def _pack(input_ids: torch.Tensor, attention: torch.Tensor, device: torch.device
                   cu_seqlens.to(device), max(lengths), expand=expand.to(device),
                   key_index=torch.cat(key_index).to(device), cu_seqlens_q=cu_q.to(device),
                   cu_seqlens_k=torch.tensor(keys, dtype=torch.int32).to(device),
-                  max_length_q=int((cu_q[1:] - cu_q[:-1]).max()))
+                  max_length_q=int((cu_q[1:] - cu_q[:-1]).max()),
+                  # a prompt's last position predicts each of its responses' first token
+                  scored=expand[scored].to(device), scored_dest=scored_dest)

@@ -26,8 +26,8 @@ log = logging.getLogger("grpo.trainer")
 
 @dataclass
 class _Request:
-    select: torch.Tensor    # [b, k] bool: the positions (of the head's input) to score
-    labels: torch.Tensor    # [select.sum()]: each one's next token
+    select: torch.Tensor | None   # [b, k] bool: the positions (of the head's input) to score; None: all
+    labels: torch.Tensor          # [select.sum()]: each one's next token
     temperature: float
     with_entropy: bool
     entropy_grad: bool
@@ -41,7 +41,7 @@ class FusedLMHead(torch.nn.Linear):
     _request: _Request | None = None
 
     @contextlib.contextmanager
-    def request(self, select: torch.Tensor, labels: torch.Tensor, temperature: float, *,
+    def request(self, select: torch.Tensor | None, labels: torch.Tensor, temperature: float, *,
                 with_entropy: bool = False, entropy_grad: bool = False):
         self._request = _Request(select, labels, temperature, with_entropy, entropy_grad)
         try:
@@ -53,14 +53,18 @@ class FusedLMHead(torch.nn.Linear):
         req = self._request
         if req is None:
             return super().forward(hidden)
-        if req.select.shape != hidden.shape[:-1]:
+        if req.select is not None and req.select.shape != hidden.shape[:-1]:
             raise ValueError(f"positions to score {tuple(req.select.shape)} do not match the head's input "
                              f"{tuple(hidden.shape[:-1])}")
-        logp, entropy = fused_linear_logprobs(hidden[req.select], self.weight, req.labels,
+        # A mask indexes through a host sync (its count); every position needs none.
+        scored = hidden.flatten(0, -2) if req.select is None else hidden[req.select]
+        logp, entropy = fused_linear_logprobs(scored, self.weight, req.labels,
                                               temperature=req.temperature, with_entropy=req.with_entropy)
         if entropy is not None and not req.entropy_grad:
             entropy = entropy.detach()
         values = logp.unsqueeze(-1) if entropy is None else torch.stack([logp, entropy], dim=-1)
+        if req.select is None:
+            return values.view(*hidden.shape[:-1], values.shape[-1])
         out = values.new_zeros(*hidden.shape[:-1], values.shape[-1])
         out[req.select] = values
         return out
