@@ -384,14 +384,22 @@ class Actor:
             start = time.perf_counter()
             self.model.eval()
             old_logp = forward(self.model)
+            self._finished()
             timings["timing_s/old_log_prob"] = time.perf_counter() - start
         start = time.perf_counter()
         ref_logp = None
         if self.uses_reference:
             with self._reference() as ref:
                 ref_logp = forward(ref)
+            self._finished()
         timings["timing_s/ref"] = time.perf_counter() - start
         return old_logp, ref_logp
+
+    def _finished(self) -> None:
+        """Wait for the passes launched so far: the forward passes queue their kernels without
+        waiting for any, so a phase's timer stops when its GPU work is done, not when it is queued."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     @contextlib.contextmanager
     def _reference(self):
