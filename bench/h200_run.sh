@@ -8,9 +8,9 @@
 #   bash bench/h200_run.sh build train step    # some phases (build first: the others need it)
 #   TINY=1 bash bench/h200_run.sh              # CPU check at tiny sizes
 #
-# Env: OUT (default /tmp/grpo-bench-out), DEADLINE_S (default 570), BENCH_ARGS_<phase>,
-# TRAINER_TREE (see below), VLLM_SITE (a folder holding vLLM 0.26 and its small dependencies, bench/RESULTS.md says how it
-# is carried; put first on PYTHONPATH when it exists).
+# Env: OUT (default /tmp/grpo-bench-out), DEADLINE_S (default 570), BENCH_ARGS_<phase>, TRAINER_TREE
+# (below), VLLM_SITE (a folder holding vLLM 0.26 and its small dependencies, bench/RESULTS.md says
+# how it is carried; put first on PYTHONPATH when it exists).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/grpo-bench-out}
