@@ -483,7 +483,7 @@ def _read(sums: dict[str, torch.Tensor | float]) -> dict[str, float]:
     """The sums as floats, the device's in one transfer."""
     on_device = [k for k, v in sums.items() if isinstance(v, torch.Tensor)]
     values = torch.stack([sums[k].reshape(()) for k in on_device]).tolist() if on_device else []
-    return {k: float(v) for k, v in sums.items()} | dict(zip(on_device, values))
+    return {k: float(v) for k, v in sums.items() if k not in on_device} | dict(zip(on_device, values))
 
 
 def all_reduce_sum(value: float, device: torch.device) -> float:
