@@ -79,7 +79,7 @@ def test_the_logged_update_metrics_are_the_mini_batchs_however_it_is_split(layou
 
     groups = [list(range(i, min(i + rows_per_micro_batch, len(rows)))) for i in range(0, len(rows), rows_per_micro_batch)]
     mbs = [batching.collate(g, rows, advantages, 0, torch.device("cpu"), pack=layout == "packed") for g in groups]
-    ref_logp = {id(mb): lp for mb, lp in zip(mbs, forward_logprobs(ref, mbs))}
+    ref_logp = {id(mb): lp for mb, lp in zip(mbs, compute_logprobs(ref, mbs, TEMPERATURE))}
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     result = update_policy(policy, optimizer, scheduler, job, [mbs], {}, ref_logp, 1, torch.device("cpu"))
@@ -92,15 +92,11 @@ def test_the_logged_update_metrics_are_the_mini_batchs_however_it_is_split(layou
     assert result.tokens == sum(s.length for s in rows)
 
 
-def forward_logprobs(model, mbs):
-    return compute_logprobs(model, mbs, TEMPERATURE)
-
-
 def _grad_norm_of_the_whole_batch(job, rows, advantages) -> float:
     """The gradient's norm with the whole mini-batch as one padded micro-batch (the split's reference)."""
     policy, ref = tiny_qwen3(0), tiny_qwen3(1)
     mb = batching.collate(list(range(len(rows))), rows, advantages, 0, torch.device("cpu"))
-    ref_logp = {id(mb): forward_logprobs(ref, [mb])[0]}
+    ref_logp = {id(mb): compute_logprobs(ref, [mb], TEMPERATURE)[0]}
     optimizer = torch.optim.SGD(policy.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     return update_policy(policy, optimizer, scheduler, job, [[mb]], {}, ref_logp, 1,
